@@ -1,0 +1,17 @@
+# ringzero._C: the only C++ that includes torch. Found through torch.utils.cmake_prefix_path (setup.py
+# passes it as CMAKE_PREFIX_PATH).
+find_package(Python3 REQUIRED COMPONENTS Interpreter Development.Module)
+find_package(Torch REQUIRED)
+find_library(TORCH_PYTHON_LIBRARY torch_python PATHS "${TORCH_INSTALL_PREFIX}/lib" REQUIRED)
+
+set(RINGZERO_TORCH_SOURCES
+  csrc/torch/module.cpp
+)
+Python3_add_library(_C MODULE WITH_SOABI ${RINGZERO_TORCH_SOURCES})
+target_link_libraries(_C PRIVATE ringzero_core ${TORCH_LIBRARIES} ${TORCH_PYTHON_LIBRARY})
+target_compile_options(_C PRIVATE -O2)
+target_compile_definitions(_C PRIVATE TORCH_EXTENSION_NAME=_C)
+if(RINGZERO_WITH_CUDA AND TARGET ringzero_cuda)
+  target_compile_definitions(_C PRIVATE RINGZERO_WITH_CUDA=1)
+  target_link_libraries(_C PRIVATE ringzero_cuda)
+endif()

@@ -1,0 +1,593 @@
+// Shared-memory collectives. Each algorithm is one function whose phases read like the schedule:
+// copy in, signal, wait, reduce, copy out. See shm_comm.h for the slot and slice protocol.
+#include "shm_comm.h"
+
+#include <sched.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <sstream>
+#include <thread>
+
+#include "chunks.h"
+#include "errors.h"
+#include "reduce.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define RZ_CPU_RELAX() _mm_pause()
+#elif defined(__aarch64__)
+#define RZ_CPU_RELAX() asm volatile("yield" ::: "memory")
+#else
+#define RZ_CPU_RELAX() ((void)0)
+#endif
+
+namespace ringzero {
+namespace {
+
+constexpr uint64_t kMagic = 0x72696e677a65726fULL;  // "ringzero"
+constexpr int kMaxRanks = 256;
+constexpr size_t kHeaderBytes = 4096;
+constexpr size_t kPageBytes = 4096;
+// Wait backoff: spin (when every rank has a core), then yield, then sleep in growing steps. Yielding
+// first keeps 4 ranks on 2 cores moving; the sleep cap bounds the latency lost by a long wait.
+constexpr int kSpinIters = 1 << 14;  // about 100-500 us of pause instructions
+constexpr double kYieldS = 0.005;
+constexpr double kSleepMinS = 10e-6;
+constexpr double kSleepMaxS = 250e-6;
+constexpr double kCheckEveryS = 0.02;  // abort flag, peer liveness and deadline
+
+double now_s() {
+  using namespace std::chrono;
+  return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
+
+int usable_cpus() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+bool process_gone(int pid) { return pid > 0 && kill(pid, 0) != 0 && errno == ESRCH; }
+
+std::string join(const std::vector<int>& v) {
+  std::ostringstream s;
+  s << "[";
+  for (size_t i = 0; i < v.size(); ++i) s << (i ? ", " : "") << v[i];
+  s << "]";
+  return s.str();
+}
+
+}  // namespace
+
+const char* collective_name(CollectiveKind kind) {
+  switch (kind) {
+    case CollectiveKind::Barrier: return "barrier";
+    case CollectiveKind::AllReduce: return "all_reduce";
+    case CollectiveKind::ReduceScatter: return "reduce_scatter";
+    case CollectiveKind::AllGather: return "all_gather";
+    case CollectiveKind::AllGatherV: return "all_gather_v";
+    case CollectiveKind::Broadcast: return "broadcast";
+    case CollectiveKind::Reduce: return "reduce";
+  }
+  return "unknown";
+}
+
+struct ShmComm::Header {
+  uint64_t magic;
+  int32_t nranks;
+  int32_t reserved;
+  uint64_t slot_bytes;
+  std::atomic<int32_t> abort_rank;  // -1 while healthy; else the local rank that aborted first
+  char abort_reason[1024];
+  std::atomic<int32_t> pids[kMaxRanks];
+};
+static_assert(sizeof(ShmComm::Header) <= kHeaderBytes, "header must fit its page");
+
+// One per rank, written only by that rank. Counters and fingerprints sit on separate cache lines.
+struct alignas(128) ShmComm::Control {
+  std::atomic<uint64_t> arrive;  // phases this rank has completed
+  std::atomic<uint64_t> done;    // last slice whose peer reads this rank has finished
+  char pad[128 - 2 * sizeof(std::atomic<uint64_t>)];
+  Fingerprint fp[2];  // by slice parity, like the slots
+};
+static_assert(std::atomic<uint64_t>::is_always_lock_free, "cross-process flags need lock-free atomics");
+
+size_t ShmComm::segment_bytes(int nranks, size_t slot_bytes) {
+  const size_t controls = round_up(sizeof(Control) * static_cast<size_t>(nranks), kPageBytes);
+  return kHeaderBytes + controls + 2 * static_cast<size_t>(nranks) * slot_bytes;
+}
+
+ShmComm::ShmComm(const std::string& name, int rank, int nranks, size_t slot_bytes, double timeout_s,
+                 std::vector<int> group_ranks)
+    : rank_(rank), nranks_(nranks), slot_bytes_(slot_bytes), timeout_s_(timeout_s),
+      group_ranks_(std::move(group_ranks)) {
+  if (nranks < 1 || nranks > kMaxRanks)
+    throw InvalidArgument("nranks must be in [1, " + std::to_string(kMaxRanks) + "], got " +
+                          std::to_string(nranks));
+  if (rank < 0 || rank >= nranks)
+    throw InvalidArgument("rank must be in [0, nranks), got " + std::to_string(rank));
+  if (slot_bytes % kChunkAlignBytes != 0 || slot_bytes < kChunkAlignBytes * static_cast<size_t>(nranks))
+    throw InvalidArgument("RINGZERO_SHM_BUFFER_BYTES must be a multiple of 64 and at least 64 * ranks per "
+                          "host, got " + std::to_string(slot_bytes));
+  if (group_ranks_.empty())
+    for (int i = 0; i < nranks; ++i) group_ranks_.push_back(i);
+  if (static_cast<int>(group_ranks_.size()) != nranks)
+    throw InvalidArgument("group_ranks must have one entry per local rank");
+  for (int i = 0; i < nranks; ++i) all_ranks_.push_back(i);
+  spin_ = nranks <= usable_cpus();
+
+  const size_t bytes = segment_bytes(nranks, slot_bytes);
+  if (name.empty()) {
+    seg_ = ShmSegment::create(bytes);
+    Header* h = static_cast<Header*>(seg_.data());
+    h->magic = kMagic;
+    h->nranks = nranks;
+    h->slot_bytes = slot_bytes;
+    h->abort_rank.store(-1);
+  } else {
+    seg_ = ShmSegment::open(name, bytes);
+    const Header* h = static_cast<const Header*>(seg_.data());
+    if (h->magic != kMagic || h->nranks != nranks || h->slot_bytes != slot_bytes)
+      throw CommError("shared-memory segment " + name + " was made for another communicator (world size "
+                      "or RINGZERO_SHM_BUFFER_BYTES differ between ranks)");
+  }
+  static_cast<Header*>(seg_.data())->pids[rank].store(static_cast<int32_t>(getpid()));
+}
+
+ShmComm::~ShmComm() = default;
+
+ShmComm::Control* ShmComm::control(int r) const {
+  return reinterpret_cast<Control*>(static_cast<char*>(seg_.data()) + kHeaderBytes) + r;
+}
+
+char* ShmComm::slot(int r, uint64_t slice) const {
+  const size_t controls = round_up(sizeof(Control) * static_cast<size_t>(nranks_), kPageBytes);
+  char* base = static_cast<char*>(seg_.data()) + kHeaderBytes + controls;
+  return base + (2 * static_cast<size_t>(r) + (slice & 1)) * slot_bytes_;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Synchronisation
+
+void ShmComm::start_op(CollectiveKind kind, DType dtype, ReduceOp op, int root, uint64_t count) {
+  ++seq_;
+  current_ = Fingerprint{seq_, static_cast<int32_t>(kind), static_cast<int32_t>(dtype),
+                         static_cast<int32_t>(op), root, count};
+  op_deadline_ = now_s() + timeout_s_;
+  check_abort();
+}
+
+void ShmComm::signal() { control(rank_)->arrive.store(++phase_, std::memory_order_release); }
+
+uint64_t ShmComm::begin_slice() {
+  const uint64_t k = ++slice_;
+  if (k > 2) {
+    // Slot parity k % 2 was last used by slice k - 2: every reader of it must be finished.
+    for (int q = 0; q < nranks_; ++q) {
+      if (control(q)->done.load(std::memory_order_acquire) >= k - 2) continue;
+      double next_check = now_s() + kCheckEveryS;
+      for (int iter = 0; control(q)->done.load(std::memory_order_acquire) < k - 2; ++iter) {
+        if (iter < kSpinIters && spin_) { RZ_CPU_RELAX(); continue; }
+        sched_yield();
+        const double t = now_s();
+        if (t >= next_check) {
+          next_check = t + kCheckEveryS;
+          check_abort();
+          const int pid = static_cast<Header*>(seg_.data())->pids[q].load();
+          if (process_gone(pid) || t > op_deadline_)
+            fail_wait({q}, 0, process_gone(pid) ? "a peer exited" : "timed out");
+        }
+      }
+    }
+  }
+  return k;
+}
+
+void ShmComm::end_slice(uint64_t k) { control(rank_)->done.store(k, std::memory_order_release); }
+
+void ShmComm::wait_one(int r, uint64_t phase) { wait_for(std::vector<int>{r}, phase); }
+
+void ShmComm::wait_all(uint64_t phase) { wait_for(all_ranks_, phase); }
+
+void ShmComm::wait_for(const std::vector<int>& ranks, uint64_t phase) {
+  size_t ready = 0;  // counters only grow, so ranks[0..ready) stay ready
+  auto advance = [&] {
+    while (ready < ranks.size() && control(ranks[ready])->arrive.load(std::memory_order_acquire) >= phase)
+      ++ready;
+    return ready == ranks.size();
+  };
+  if (advance()) return;
+  const double start = now_s();
+  double next_check = start + kCheckEveryS;
+  double sleep_s = kSleepMinS;
+  for (int iter = 0;; ++iter) {
+    if (advance()) return;
+    if (spin_ && iter < kSpinIters) {
+      RZ_CPU_RELAX();
+      continue;
+    }
+    const double t = now_s();
+    if (t - start < kYieldS) {
+      sched_yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::duration<double>(sleep_s));
+      sleep_s = std::min(kSleepMaxS, sleep_s * 2);
+    }
+    if (t >= next_check) {
+      next_check = t + kCheckEveryS;
+      check_abort();
+      const Header* h = static_cast<const Header*>(seg_.data());
+      for (size_t i = ready; i < ranks.size(); ++i) {
+        const int q = ranks[i];
+        if (control(q)->arrive.load(std::memory_order_acquire) < phase && process_gone(h->pids[q].load()))
+          fail_wait(ranks, phase, "a peer exited");
+      }
+      if (t > op_deadline_) fail_wait(ranks, phase, "timed out");
+    }
+  }
+}
+
+void ShmComm::fail_wait(const std::vector<int>& ranks, uint64_t phase, const char* why) {
+  const Header* h = static_cast<const Header*>(seg_.data());
+  std::vector<int> missing, exited;
+  for (int q : ranks) {
+    const bool behind = phase == 0 || control(q)->arrive.load(std::memory_order_acquire) < phase;
+    if (!behind) continue;
+    missing.push_back(group_ranks_[q]);
+    if (process_gone(h->pids[q].load())) exited.push_back(group_ranks_[q]);
+  }
+  std::ostringstream s;
+  s << "ringzero " << collective_name(static_cast<CollectiveKind>(current_.kind)) << " (sequence number "
+    << current_.seq << ") on group rank " << group_ranks_[rank_] << ": " << why << " after "
+    << timeout_s_ << " s limit while waiting for group ranks " << join(missing);
+  if (!exited.empty()) s << "; ranks " << join(exited) << " have exited";
+  s << ". Every rank must call the same collectives in the same order; raise RINGZERO_TIMEOUT_S if "
+       "a rank is legitimately slow.";
+  abort_all(s.str());
+  throw CommTimeoutError(s.str());
+}
+
+void ShmComm::abort_all(const std::string& reason) {
+  Header* h = static_cast<Header*>(seg_.data());
+  int32_t expected = -1;
+  if (h->abort_rank.compare_exchange_strong(expected, rank_)) {
+    std::snprintf(h->abort_reason, sizeof(h->abort_reason), "%s", reason.c_str());
+    // abort_rank is set before the text: a reader may see a partial reason, never a missing abort.
+  }
+}
+
+void ShmComm::check_abort() const {
+  const Header* h = static_cast<const Header*>(seg_.data());
+  const int32_t who = h->abort_rank.load(std::memory_order_acquire);
+  if (who < 0 || who == rank_) {
+    if (who == rank_)
+      throw CommTimeoutError("ringzero communicator on group rank " + std::to_string(group_ranks_[rank_]) +
+                             " was aborted by an earlier error; create a new process group");
+    return;
+  }
+  throw CommTimeoutError("ringzero " + std::string(collective_name(static_cast<CollectiveKind>(current_.kind))) +
+                         " (sequence number " + std::to_string(current_.seq) + ") on group rank " +
+                         std::to_string(group_ranks_[rank_]) + ": the communicator was aborted by group rank " +
+                         std::to_string(group_ranks_[who]) + ": " + std::string(h->abort_reason));
+}
+
+void ShmComm::publish_fingerprint(uint64_t k) { control(rank_)->fp[k & 1] = current_; }
+
+void ShmComm::check_fingerprints(uint64_t k) {
+  bool same = true;
+  for (int q = 0; q < nranks_ && same; ++q) {
+    const Fingerprint& f = control(q)->fp[k & 1];
+    same = std::memcmp(&f, &current_, sizeof(Fingerprint)) == 0;
+  }
+  if (same) return;
+  std::ostringstream s;
+  s << "ringzero collective mismatch detected on group rank " << group_ranks_[rank_]
+    << ": ranks called different collectives at the same point.\n"
+    << "  rank | op             | seq  | dtype    | count      | reduce op | root\n";
+  for (int q = 0; q < nranks_; ++q) {
+    const Fingerprint& f = control(q)->fp[k & 1];
+    char line[160];
+    std::snprintf(line, sizeof(line), "  %4d | %-14s | %4llu | %-8s | %10llu | %-9s | %d\n", group_ranks_[q],
+                  collective_name(static_cast<CollectiveKind>(f.kind)), static_cast<unsigned long long>(f.seq),
+                  dtype_name(static_cast<DType>(f.dtype)), static_cast<unsigned long long>(f.count),
+                  op_name(static_cast<ReduceOp>(f.op)), f.root);
+    s << line;
+  }
+  end_slice(k);  // this rank is done reading slice k; keeps the slot protocol in step for later calls
+  throw CollectiveMismatchError(s.str());
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Algorithms
+
+namespace {
+struct Prepared {
+  ReduceOp op;  // Avg becomes Sum ...
+  int divisor;  // ... divided once at the final write
+};
+Prepared prepare(ReduceOp op, int nranks) {
+  if (op == ReduceOp::Avg) return {ReduceOp::Sum, nranks};
+  return {op, 1};
+}
+}  // namespace
+
+AllReduceAlgo ShmComm::choose_all_reduce(size_t bytes) const {
+  // One-shot up to 64 KiB: one synchronisation, every rank reads all inputs; above that the two-shot's
+  // 1/n share of the reduction wins (measured with benchmarks/collectives.py on the 2-core CI machine,
+  // 2026-11-21; see benchmarks/RESULTS.md).
+  constexpr size_t kOneShotMaxBytes = 64 * 1024;
+  if (bytes <= kOneShotMaxBytes && bytes <= slot_bytes_) return AllReduceAlgo::OneShot;
+  return AllReduceAlgo::TwoShot;
+}
+
+void ShmComm::all_reduce(const void* in, void* out, size_t count, DType dtype, ReduceOp op, AllReduceAlgo algo) {
+  start_op(CollectiveKind::AllReduce, dtype, op, -1, count);
+  if (nranks_ == 1) {
+    if (in != out) std::memcpy(out, in, count * dtype_size(dtype));
+    return;
+  }
+  if (algo == AllReduceAlgo::Auto) algo = choose_all_reduce(count * dtype_size(dtype));
+  switch (algo) {
+    case AllReduceAlgo::OneShot: return all_reduce_one_shot(in, out, count, dtype, op);
+    case AllReduceAlgo::Ring: return all_reduce_ring(in, out, count, dtype, op);
+    default: return all_reduce_two_shot(in, out, count, dtype, op);
+  }
+}
+
+// One-shot: copy in, one barrier, every rank reduces all n slots in rank order.
+// Per rank per slice of B bytes: writes B to shm, reads n*B, writes B out; one synchronisation.
+// Invariant: the same accumulation order on every rank, so results are bitwise identical.
+void ShmComm::all_reduce_one_shot(const void* in, void* out, size_t count, DType dtype, ReduceOp op) {
+  const size_t es = dtype_size(dtype);
+  const size_t slot_elems = slot_bytes_ / es;
+  const Prepared p = prepare(op, nranks_);
+  std::vector<const void*> srcs(nranks_);
+  for (size_t s = 0, n = num_slices(count, slot_elems); s < n; ++s) {
+    const Range sl = slice_range(count, slot_elems, s);
+    const uint64_t k = begin_slice();
+    std::memcpy(slot(rank_, k), static_cast<const char*>(in) + sl.offset * es, sl.count * es);
+    if (s == 0) publish_fingerprint(k);
+    signal();
+    wait_all(phase_);
+    if (s == 0) check_fingerprints(k);
+    for (int q = 0; q < nranks_; ++q) srcs[q] = slot(q, k);
+    reduce_n(static_cast<char*>(out) + sl.offset * es, srcs.data(), nranks_, sl.count, dtype, p.op, p.divisor);
+    end_slice(k);
+  }
+}
+
+// Two-shot: copy in; barrier; rank r reduces chunk r of all slots into its own slot (reduce-scatter);
+// barrier; every rank copies all reduced chunks out (all-gather).
+// Per rank per slice of B bytes: reads 3B + writes 2B + B/n; two synchronisations. Bitwise identical
+// on every rank (each chunk is reduced once).
+void ShmComm::all_reduce_two_shot(const void* in, void* out, size_t count, DType dtype, ReduceOp op) {
+  const size_t es = dtype_size(dtype);
+  const size_t slot_elems = slot_bytes_ / es;
+  const Prepared p = prepare(op, nranks_);
+  std::vector<const void*> srcs(nranks_);
+  for (size_t s = 0, n = num_slices(count, slot_elems); s < n; ++s) {
+    const Range sl = slice_range(count, slot_elems, s);
+    const uint64_t k = begin_slice();
+    std::memcpy(slot(rank_, k), static_cast<const char*>(in) + sl.offset * es, sl.count * es);
+    if (s == 0) publish_fingerprint(k);
+    signal();
+    wait_all(phase_);
+    if (s == 0) check_fingerprints(k);
+
+    const Range mine = chunk_range(sl.count, nranks_, rank_, es);
+    for (int q = 0; q < nranks_; ++q) srcs[q] = slot(q, k) + mine.offset * es;
+    reduce_n(slot(rank_, k) + mine.offset * es, srcs.data(), nranks_, mine.count, dtype, p.op, p.divisor);
+    signal();
+    wait_all(phase_);
+
+    char* dst = static_cast<char*>(out) + sl.offset * es;
+    for (int q = 0; q < nranks_; ++q) {
+      const Range c = chunk_range(sl.count, nranks_, q, es);
+      std::memcpy(dst + c.offset * es, slot(q, k) + c.offset * es, c.count * es);
+    }
+    end_slice(k);
+  }
+}
+
+// Ring: copy in; barrier; n-1 reduce-scatter steps where rank r folds chunk (r - t) of its left
+// neighbour into its own slot, waiting only on that neighbour (NCCL's recvReduceSend, through memory);
+// barrier; every rank copies the final chunks out (chunk c is final in the slot of rank c - 1).
+// Per rank per slice of B bytes: reads 3B + writes 2B + (n-2)B/n; n+1 synchronisations, n-1 of them
+// with one neighbour only. Kept for comparison and for RINGZERO_ALLREDUCE_ALGO=ring.
+void ShmComm::all_reduce_ring(const void* in, void* out, size_t count, DType dtype, ReduceOp op) {
+  const size_t es = dtype_size(dtype);
+  const size_t slot_elems = slot_bytes_ / es;
+  const Prepared p = prepare(op, nranks_);
+  const int left = (rank_ + nranks_ - 1) % nranks_;
+  for (size_t s = 0, n = num_slices(count, slot_elems); s < n; ++s) {
+    const Range sl = slice_range(count, slot_elems, s);
+    const uint64_t k = begin_slice();
+    std::memcpy(slot(rank_, k), static_cast<const char*>(in) + sl.offset * es, sl.count * es);
+    if (s == 0) publish_fingerprint(k);
+    signal();
+    wait_all(phase_);
+    if (s == 0) check_fingerprints(k);
+
+    const uint64_t base = phase_;  // every rank has completed this phase
+    for (int t = 1; t < nranks_; ++t) {
+      wait_one(left, base + t - 1);  // left has finished its step t - 1
+      const int c = (rank_ - t + nranks_) % nranks_;
+      const Range cr = chunk_range(sl.count, nranks_, c, es);
+      char* mine = slot(rank_, k) + cr.offset * es;
+      const void* srcs[2] = {mine, slot(left, k) + cr.offset * es};
+      reduce_n(mine, srcs, 2, cr.count, dtype, p.op, t == nranks_ - 1 ? p.divisor : 1);
+      signal();
+    }
+    signal();
+    wait_all(phase_);
+
+    char* dst = static_cast<char*>(out) + sl.offset * es;
+    for (int c = 0; c < nranks_; ++c) {
+      const Range cr = chunk_range(sl.count, nranks_, c, es);
+      std::memcpy(dst + cr.offset * es, slot((c + nranks_ - 1) % nranks_, k) + cr.offset * es, cr.count * es);
+    }
+    end_slice(k);
+  }
+}
+
+// Reduce-scatter: each rank stages the slice of every destination block; rank r reduces block r from
+// all slots straight into its output. Per rank per slice of B bytes of output: writes n*B to shm,
+// reads n*B, writes B; one synchronisation.
+void ShmComm::reduce_scatter(const void* in, void* out, size_t count_per_rank, DType dtype, ReduceOp op) {
+  start_op(CollectiveKind::ReduceScatter, dtype, op, -1, count_per_rank);
+  const size_t es = dtype_size(dtype);
+  if (nranks_ == 1) {
+    if (in != out) std::memcpy(out, in, count_per_rank * es);
+    return;
+  }
+  const size_t block_elems = slot_bytes_ / es / nranks_;
+  const Prepared p = prepare(op, nranks_);
+  std::vector<const void*> srcs(nranks_);
+  for (size_t s = 0, n = num_slices(count_per_rank, block_elems); s < n; ++s) {
+    const Range sl = slice_range(count_per_rank, block_elems, s);
+    const uint64_t k = begin_slice();
+    for (int q = 0; q < nranks_; ++q)
+      std::memcpy(slot(rank_, k) + q * sl.count * es,
+                  static_cast<const char*>(in) + (q * count_per_rank + sl.offset) * es, sl.count * es);
+    if (s == 0) publish_fingerprint(k);
+    signal();
+    wait_all(phase_);
+    if (s == 0) check_fingerprints(k);
+    for (int q = 0; q < nranks_; ++q) srcs[q] = slot(q, k) + rank_ * sl.count * es;
+    reduce_n(static_cast<char*>(out) + sl.offset * es, srcs.data(), nranks_, sl.count, dtype, p.op, p.divisor);
+    end_slice(k);
+  }
+}
+
+void ShmComm::all_gather(const void* in, void* out, size_t count, DType dtype) {
+  start_op(CollectiveKind::AllGather, dtype, ReduceOp::Sum, -1, count);
+  const size_t es = dtype_size(dtype);
+  const size_t slot_elems = slot_bytes_ / es;
+  if (nranks_ == 1) {
+    if (in != out) std::memcpy(out, in, count * es);
+    return;
+  }
+  for (size_t s = 0, n = num_slices(count, slot_elems); s < n; ++s) {
+    const Range sl = slice_range(count, slot_elems, s);
+    const uint64_t k = begin_slice();
+    std::memcpy(slot(rank_, k), static_cast<const char*>(in) + sl.offset * es, sl.count * es);
+    if (s == 0) publish_fingerprint(k);
+    signal();
+    wait_all(phase_);
+    if (s == 0) check_fingerprints(k);
+    for (int q = 0; q < nranks_; ++q)
+      std::memcpy(static_cast<char*>(out) + (q * count + sl.offset) * es, slot(q, k), sl.count * es);
+    end_slice(k);
+  }
+}
+
+// Per rank per slice: writes its own piece to shm, reads everyone's; one synchronisation per slice of
+// the largest count. The fingerprint carries the total and a hash of the counts, so ranks that
+// disagree on `counts` raise CollectiveMismatchError.
+void ShmComm::all_gather_v(const void* in, void* out, const std::vector<size_t>& counts, DType dtype) {
+  if (static_cast<int>(counts.size()) != nranks_)
+    throw InvalidArgument("counts must have one entry per rank");
+  uint64_t total = 0, hash = 1469598103934665603ULL;  // FNV-1a over the counts
+  std::vector<size_t> displ(nranks_);
+  for (int q = 0; q < nranks_; ++q) {
+    displ[q] = total;
+    total += counts[q];
+    hash = (hash ^ counts[q]) * 1099511628211ULL;
+  }
+  start_op(CollectiveKind::AllGatherV, dtype, ReduceOp::Sum, static_cast<int32_t>(hash & 0x7fffffff), total);
+  const size_t es = dtype_size(dtype);
+  const size_t slot_elems = slot_bytes_ / es;
+  if (nranks_ == 1) {
+    if (in != out) std::memcpy(out, in, counts[0] * es);
+    return;
+  }
+  const size_t max_count = *std::max_element(counts.begin(), counts.end());
+  for (size_t s = 0, n = num_slices(max_count, slot_elems); s < n; ++s) {
+    const uint64_t k = begin_slice();
+    const Range my = slice_range(counts[rank_], slot_elems, s);
+    std::memcpy(slot(rank_, k), static_cast<const char*>(in) + my.offset * es, my.count * es);
+    if (s == 0) publish_fingerprint(k);
+    signal();
+    wait_all(phase_);
+    if (s == 0) check_fingerprints(k);
+    for (int q = 0; q < nranks_; ++q) {
+      const Range r = slice_range(counts[q], slot_elems, s);
+      std::memcpy(static_cast<char*>(out) + (displ[q] + r.offset) * es, slot(q, k), r.count * es);
+    }
+    end_slice(k);
+  }
+}
+
+// Broadcast: root stages a slice, the others copy it out. After the first slice the non-roots wait
+// for the root alone. Per non-root per slice of B bytes: reads B, writes B.
+void ShmComm::broadcast(void* buf, size_t count, DType dtype, int root) {
+  if (root < 0 || root >= nranks_) throw InvalidArgument("root out of range");
+  start_op(CollectiveKind::Broadcast, dtype, ReduceOp::Sum, root, count);
+  if (nranks_ == 1) return;
+  const size_t es = dtype_size(dtype);
+  const size_t slot_elems = slot_bytes_ / es;
+  for (size_t s = 0, n = num_slices(count, slot_elems); s < n; ++s) {
+    const Range sl = slice_range(count, slot_elems, s);
+    const uint64_t k = begin_slice();
+    if (rank_ == root) std::memcpy(slot(root, k), static_cast<char*>(buf) + sl.offset * es, sl.count * es);
+    if (s == 0) publish_fingerprint(k);
+    signal();
+    if (s == 0) {
+      wait_all(phase_);
+      check_fingerprints(k);
+    } else if (rank_ != root) {
+      wait_one(root, phase_);
+    }
+    if (rank_ != root) std::memcpy(static_cast<char*>(buf) + sl.offset * es, slot(root, k), sl.count * es);
+    end_slice(k);
+  }
+}
+
+// Reduce: every rank stages a slice, the root reduces them (its own input read in place) into out.
+// Per root per slice of B bytes: reads n*B, writes B; non-roots write B to shm.
+void ShmComm::reduce(const void* in, void* out, size_t count, DType dtype, ReduceOp op, int root) {
+  if (root < 0 || root >= nranks_) throw InvalidArgument("root out of range");
+  start_op(CollectiveKind::Reduce, dtype, op, root, count);
+  const size_t es = dtype_size(dtype);
+  if (nranks_ == 1) {
+    if (in != out) std::memcpy(out, in, count * es);
+    return;
+  }
+  const size_t slot_elems = slot_bytes_ / es;
+  const Prepared p = prepare(op, nranks_);
+  std::vector<const void*> srcs(nranks_);
+  for (size_t s = 0, n = num_slices(count, slot_elems); s < n; ++s) {
+    const Range sl = slice_range(count, slot_elems, s);
+    const uint64_t k = begin_slice();
+    if (rank_ != root)
+      std::memcpy(slot(rank_, k), static_cast<const char*>(in) + sl.offset * es, sl.count * es);
+    if (s == 0) publish_fingerprint(k);
+    signal();
+    if (s == 0 || rank_ == root) wait_all(phase_);
+    if (s == 0) check_fingerprints(k);
+    if (rank_ == root) {
+      for (int q = 0; q < nranks_; ++q)
+        srcs[q] = q == root ? static_cast<const char*>(in) + sl.offset * es : slot(q, k);
+      reduce_n(static_cast<char*>(out) + sl.offset * es, srcs.data(), nranks_, sl.count, dtype, p.op, p.divisor);
+    }
+    end_slice(k);
+  }
+}
+
+void ShmComm::barrier() {
+  start_op(CollectiveKind::Barrier, DType::U8, ReduceOp::Sum, -1, 0);
+  if (nranks_ == 1) return;
+  const uint64_t k = begin_slice();
+  publish_fingerprint(k);
+  signal();
+  wait_all(phase_);
+  check_fingerprints(k);
+  end_slice(k);
+}
+
+}  // namespace ringzero

@@ -1,0 +1,121 @@
+// Collectives among the ranks of one host over one shared-memory segment (layer 1, no torch).
+//
+// Segment layout: a header page, one control block per rank (its own 128-byte lines: progress counters
+// and the fingerprint of its current collective), then per rank two staging slots of slot_bytes.
+// Every collective is a sequence of slices; slice k uses slot parity k % 2, and a rank writes its slot
+// for slice k only after every rank has finished reading slice k - 2 (the `done` counter). So one
+// synchronisation per phase suffices and no collective needs a trailing barrier.
+// The first phase of every collective waits for all ranks and compares their fingerprints (op, dtype,
+// count, root, sequence number): a mismatch raises CollectiveMismatchError on every rank.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "shm_segment.h"
+#include "types.h"
+
+namespace ringzero {
+
+enum class AllReduceAlgo : int32_t { Auto = 0, OneShot = 1, TwoShot = 2, Ring = 3 };
+
+enum class CollectiveKind : int32_t {
+  Barrier = 0, AllReduce = 1, ReduceScatter = 2, AllGather = 3, AllGatherV = 4, Broadcast = 5, Reduce = 6
+};
+const char* collective_name(CollectiveKind kind);
+
+struct Fingerprint {
+  uint64_t seq;
+  int32_t kind;
+  int32_t dtype;
+  int32_t op;
+  int32_t root;
+  uint64_t count;
+};
+
+class ShmComm {
+ public:
+  // Bytes of the segment for `nranks` ranks with slots of `slot_bytes`.
+  static size_t segment_bytes(int nranks, size_t slot_bytes);
+
+  // Rank `rank` of `nranks` on this host. The creator (rank 0 by convention) passes an empty `name`
+  // and shares name() with the others; it calls unlink() once all have opened. `group_ranks[i]` is the
+  // rank of local rank i in the caller's process group, used only in messages.
+  ShmComm(const std::string& name, int rank, int nranks, size_t slot_bytes, double timeout_s,
+          std::vector<int> group_ranks);
+  ~ShmComm();
+  ShmComm(const ShmComm&) = delete;
+  ShmComm& operator=(const ShmComm&) = delete;
+
+  const std::string& name() const { return seg_.name(); }
+  void unlink() { seg_.unlink(); }
+  int rank() const { return rank_; }
+  int nranks() const { return nranks_; }
+  size_t slot_bytes() const { return slot_bytes_; }
+  uint64_t seq() const { return seq_; }
+  void set_timeout(double timeout_s) { timeout_s_ = timeout_s; }
+
+  // All pointers are this process's memory; counts are elements. `in` may equal `out` where shapes
+  // allow (all_reduce, broadcast, reduce). Every rank of the host must call the same collective with
+  // the same dtype, count (per rank) and root.
+  void all_reduce(const void* in, void* out, size_t count, DType dtype, ReduceOp op,
+                  AllReduceAlgo algo = AllReduceAlgo::Auto);
+  // in: nranks * count_per_rank elements, out: count_per_rank elements (this rank's block).
+  void reduce_scatter(const void* in, void* out, size_t count_per_rank, DType dtype, ReduceOp op);
+  // in: count elements, out: nranks * count elements in rank order.
+  void all_gather(const void* in, void* out, size_t count, DType dtype);
+  // in: counts[rank] elements, out: sum(counts) elements, rank q's block at sum(counts[:q]).
+  void all_gather_v(const void* in, void* out, const std::vector<size_t>& counts, DType dtype);
+  void broadcast(void* buf, size_t count, DType dtype, int root);
+  // Only `root`'s out is written.
+  void reduce(const void* in, void* out, size_t count, DType dtype, ReduceOp op, int root);
+  void barrier();
+
+  // The algorithm Auto picks for this message size (exposed for tests and the benchmark).
+  AllReduceAlgo choose_all_reduce(size_t bytes) const;
+
+ public:
+  struct Header;   // defined in shm_comm.cpp
+  struct Control;
+
+ private:
+
+  Control* control(int r) const;
+  char* slot(int r, uint64_t slice) const;
+
+  // Slice bookkeeping and synchronisation.
+  uint64_t begin_slice();  // waits until every rank finished slice k-2; returns k
+  void end_slice(uint64_t k);
+  void signal();  // this rank finished one more phase
+  void wait_for(const std::vector<int>& ranks, uint64_t phase);
+  void wait_all(uint64_t phase);
+  void wait_one(int r, uint64_t phase);
+  void start_op(CollectiveKind kind, DType dtype, ReduceOp op, int root, uint64_t count);
+  void publish_fingerprint(uint64_t k);
+  void check_fingerprints(uint64_t k);
+  [[noreturn]] void fail_wait(const std::vector<int>& missing, uint64_t phase, const char* why);
+  void check_abort() const;
+  void abort_all(const std::string& reason);
+
+  void all_reduce_one_shot(const void* in, void* out, size_t count, DType dtype, ReduceOp op);
+  void all_reduce_two_shot(const void* in, void* out, size_t count, DType dtype, ReduceOp op);
+  void all_reduce_ring(const void* in, void* out, size_t count, DType dtype, ReduceOp op);
+
+  ShmSegment seg_;
+  int rank_;
+  int nranks_;
+  size_t slot_bytes_;
+  double timeout_s_;
+  std::vector<int> group_ranks_;
+  std::vector<int> all_ranks_;  // 0..nranks-1
+  std::vector<int> pids_;
+  uint64_t phase_ = 0;  // phases this rank has signalled
+  uint64_t slice_ = 0;  // slices this rank has started
+  uint64_t seq_ = 0;    // collectives this rank has started
+  Fingerprint current_{};
+  double op_deadline_ = 0;  // steady-clock seconds
+  bool spin_ = true;        // false when more ranks than cores: yield at once
+};
+
+}  // namespace ringzero

@@ -1,0 +1,276 @@
+// C++ tests of the core without torch: every reduction table against a scalar float64/int64 reference,
+// and every shared-memory collective with N ranks as threads of one process against the same reference.
+// Integer-valued inputs keep every sum exact, so results must match exactly.
+#include <atomic>
+#include <cmath>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/chunks.h"
+#include "core/errors.h"
+#include "core/half.h"
+#include "core/reduce.h"
+#include "core/shm_comm.h"
+
+using namespace ringzero;
+
+namespace ringzero {
+const ReduceTable* reduce_table_baseline();
+const ReduceTable* reduce_table_avx2();
+const ReduceTable* reduce_table_avx512();
+}  // namespace ringzero
+
+static int g_failures = 0;
+#define CHECK(cond, ...)                                      \
+  do {                                                        \
+    if (!(cond)) {                                            \
+      ++g_failures;                                           \
+      std::fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
+      std::fprintf(stderr, __VA_ARGS__);                      \
+      std::fprintf(stderr, "\n");                             \
+    }                                                         \
+  } while (0)
+
+// ---- element helpers: store/load any dtype from double ----
+static void put(void* p, size_t i, DType t, double v) {
+  switch (t) {
+    case DType::F32: static_cast<float*>(p)[i] = static_cast<float>(v); break;
+    case DType::F64: static_cast<double*>(p)[i] = v; break;
+    case DType::BF16: static_cast<uint16_t*>(p)[i] = f32_to_bf16(static_cast<float>(v)); break;
+    case DType::F16: static_cast<_Float16*>(p)[i] = static_cast<_Float16>(static_cast<float>(v)); break;
+    case DType::I8: static_cast<int8_t*>(p)[i] = static_cast<int8_t>(v); break;
+    case DType::U8: static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v); break;
+    case DType::I32: static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); break;
+    case DType::I64: static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v); break;
+  }
+}
+static double get(const void* p, size_t i, DType t) {
+  switch (t) {
+    case DType::F32: return static_cast<const float*>(p)[i];
+    case DType::F64: return static_cast<const double*>(p)[i];
+    case DType::BF16: return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    case DType::F16: return static_cast<float>(static_cast<const _Float16*>(p)[i]);
+    case DType::I8: return static_cast<const int8_t*>(p)[i];
+    case DType::U8: return static_cast<const uint8_t*>(p)[i];
+    case DType::I32: return static_cast<const int32_t*>(p)[i];
+    case DType::I64: return static_cast<const int64_t*>(p)[i];
+  }
+  return 0;
+}
+
+// Small integer values (|v| <= 3, products of up to 5 stay exact in every dtype including int8).
+static double value(int rank, size_t i, DType t) {
+  const int v = static_cast<int>((i * 7 + rank * 3) % 7) - 3;
+  if (t == DType::U8) return static_cast<double>((v + 3) % 4);
+  return v == 0 ? 1 : v;
+}
+
+static double reference(ReduceOp op, int nranks, size_t i, DType t) {
+  double acc = value(0, i, t);
+  for (int r = 1; r < nranks; ++r) {
+    const double v = value(r, i, t);
+    switch (op) {
+      case ReduceOp::Sum: case ReduceOp::Avg: acc += v; break;
+      case ReduceOp::Prod: acc *= v; break;
+      case ReduceOp::Min: acc = std::min(acc, v); break;
+      case ReduceOp::Max: acc = std::max(acc, v); break;
+    }
+  }
+  if (op == ReduceOp::Avg) {
+    const bool integral = t == DType::I8 || t == DType::U8 || t == DType::I32 || t == DType::I64;
+    acc = integral ? std::trunc(acc / nranks) : acc / nranks;
+    if (t == DType::BF16) acc = bf16_to_f32(f32_to_bf16(static_cast<float>(acc)));
+    if (t == DType::F16) acc = static_cast<float>(static_cast<_Float16>(static_cast<float>(acc)));
+    if (t == DType::F32) acc = static_cast<float>(acc);
+  }
+  return acc;
+}
+
+static const DType kDTypes[] = {DType::F32, DType::F64, DType::BF16, DType::F16,
+                                DType::I8,  DType::U8,  DType::I32,  DType::I64};
+static const ReduceOp kOps[] = {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Min, ReduceOp::Max, ReduceOp::Prod};
+
+static void test_reduce_tables() {
+  std::vector<std::pair<const char*, const ReduceTable*>> tables = {{"baseline", reduce_table_baseline()}};
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma"))
+    tables.push_back({"avx2", reduce_table_avx2()});
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+    tables.push_back({"avx512", reduce_table_avx512()});
+#endif
+  for (auto [name, table] : tables) {
+    for (DType t : kDTypes)
+      for (ReduceOp op : kOps)
+        for (int nsrc : {1, 2, 3, 5})
+          for (size_t count : {size_t(0), size_t(1), size_t(13), size_t(1031)}) {
+            const size_t es = dtype_size(t);
+            std::vector<std::vector<char>> in(nsrc, std::vector<char>(count * es + 1));
+            std::vector<const void*> srcs;
+            for (int r = 0; r < nsrc; ++r) {
+              for (size_t i = 0; i < count; ++i) put(in[r].data(), i, t, value(r, i, t));
+              srcs.push_back(in[r].data());
+            }
+            std::vector<char> out(count * es + 1);
+            const ReduceOp base = op == ReduceOp::Avg ? ReduceOp::Sum : op;
+            table->reduce_n(out.data(), srcs.data(), nsrc, count, t, base, op == ReduceOp::Avg ? nsrc : 1);
+            for (size_t i = 0; i < count; ++i) {
+              const double want = reference(op, nsrc, i, t), got = get(out.data(), i, t);
+              if (got != want) {
+                CHECK(false, "%s reduce %s %s nsrc=%d count=%zu i=%zu: got %g want %g", name, dtype_name(t),
+                      op_name(op), nsrc, count, i, got, want);
+                break;
+              }
+            }
+          }
+  }
+  // bf16 rounding: round to nearest even, NaN stays NaN.
+  CHECK(f32_to_bf16(1.0f + 1.0f / 256) == f32_to_bf16(1.0f), "bf16 ties go to even");
+  CHECK(std::isnan(bf16_to_f32(f32_to_bf16(std::nanf("")))), "bf16 keeps NaN");
+  std::printf("reduce tables: %zu ISAs checked, dispatch picked %s\n", tables.size(), reduce_isa());
+}
+
+// Runs fn(rank, comm) on `n` threads sharing one segment.
+static void run_ranks(int n, size_t slot_bytes, double timeout_s,
+                      const std::function<void(int, ShmComm&)>& fn) {
+  auto root = std::make_unique<ShmComm>("", 0, n, slot_bytes, timeout_s, std::vector<int>{});
+  const std::string name = root->name();
+  std::atomic<int> opened{1};
+  std::vector<std::thread> threads;
+  for (int r = 1; r < n; ++r)
+    threads.emplace_back([&, r] {
+      ShmComm c(name, r, n, slot_bytes, timeout_s, {});
+      ++opened;
+      fn(r, c);
+    });
+  while (opened.load() < n) std::this_thread::yield();
+  root->unlink();
+  fn(0, *root);
+  for (auto& t : threads) t.join();
+}
+
+static void check_buffer(const char* what, const std::vector<char>& buf, size_t count, DType t,
+                         const std::function<double(size_t)>& want, int rank) {
+  for (size_t i = 0; i < count; ++i) {
+    if (get(buf.data(), i, t) != want(i)) {
+      CHECK(false, "%s %s rank %d count %zu i=%zu: got %g want %g", what, dtype_name(t), rank, count, i,
+            get(buf.data(), i, t), want(i));
+      return;
+    }
+  }
+}
+
+static void test_collectives() {
+  const size_t slot_bytes = 1024;  // small, so that most sizes stream through several slices
+  int cases = 0;
+  for (int n = 1; n <= 5; ++n) {
+    run_ranks(n, slot_bytes, 30, [&](int rank, ShmComm& c) {
+      for (DType t : kDTypes) {
+        const size_t es = dtype_size(t);
+        for (size_t count : {size_t(0), size_t(1), size_t(61), size_t(1021), size_t(3 * slot_bytes / es + 7)}) {
+          auto mine = [&](size_t i) { return value(rank, i, t); };
+          std::vector<char> in(count * es + 1), out(count * es + 1);
+          for (size_t i = 0; i < count; ++i) put(in.data(), i, t, mine(i));
+          for (ReduceOp op : kOps) {
+            for (AllReduceAlgo a : {AllReduceAlgo::OneShot, AllReduceAlgo::TwoShot, AllReduceAlgo::Ring}) {
+              std::vector<char> buf = in;  // in place
+              c.all_reduce(buf.data(), buf.data(), count, t, op, a);
+              check_buffer("all_reduce", buf, count, t, [&](size_t i) { return reference(op, n, i, t); }, rank);
+            }
+            // reduce-scatter: rank q's block holds elements i of a long input of n*count elements
+            std::vector<char> rs_in(n * count * es + 1), rs_out(count * es + 1);
+            for (size_t i = 0; i < n * count; ++i) put(rs_in.data(), i, t, value(rank, i, t));
+            c.reduce_scatter(rs_in.data(), rs_out.data(), count, t, op);
+            check_buffer("reduce_scatter", rs_out, count, t,
+                         [&](size_t i) { return reference(op, n, rank * count + i, t); }, rank);
+            const int root = static_cast<int>(count % n);
+            std::vector<char> red_out(count * es + 1);
+            c.reduce(in.data(), red_out.data(), count, t, op, root);
+            if (rank == root)
+              check_buffer("reduce", red_out, count, t, [&](size_t i) { return reference(op, n, i, t); }, rank);
+          }
+          std::vector<char> ag(n * count * es + 1);
+          c.all_gather(in.data(), ag.data(), count, t);
+          check_buffer("all_gather", ag, n * count, t,
+                       [&](size_t i) { return value(static_cast<int>(i / std::max<size_t>(count, 1)), i % std::max<size_t>(count, 1), t); },
+                       rank);
+          std::vector<size_t> counts;
+          size_t total = 0;
+          for (int q = 0; q < n; ++q) counts.push_back((count * (q + 1)) / n), total += counts.back();
+          std::vector<char> agv(total * es + 1);
+          c.all_gather_v(in.data(), agv.data(), counts, t);
+          size_t off = 0;
+          for (int q = 0; q < n; ++q) {
+            for (size_t i = 0; i < counts[q]; ++i)
+              if (get(agv.data(), off + i, t) != value(q, i, t)) {
+                CHECK(false, "all_gather_v n=%d count=%zu q=%d i=%zu", n, count, q, i);
+                break;
+              }
+            off += counts[q];
+          }
+          const int root = static_cast<int>((count + 1) % n);
+          std::vector<char> bc = rank == root ? in : std::vector<char>(count * es + 1);
+          c.broadcast(bc.data(), count, t, root);
+          check_buffer("broadcast", bc, count, t, [&](size_t i) { return value(root, i, t); }, rank);
+          c.barrier();
+          if (rank == 0) ++cases;
+        }
+      }
+    });
+  }
+  std::printf("collectives: %d (world, dtype, count) cases checked\n", cases);
+}
+
+static void test_mismatch_and_timeout() {
+  run_ranks(3, 4096, 10, [&](int rank, ShmComm& c) {
+    std::vector<float> buf(16, 1.0f);
+    bool raised = false;
+    try {
+      if (rank == 1) c.broadcast(buf.data(), 16, DType::F32, 0);
+      else c.all_reduce(buf.data(), buf.data(), 16, DType::F32, ReduceOp::Sum);
+    } catch (const CollectiveMismatchError& e) {
+      raised = std::string(e.what()).find("broadcast") != std::string::npos;
+    }
+    CHECK(raised, "rank %d: mismatch must raise CollectiveMismatchError naming both ops", rank);
+    // The communicator stays usable after a mismatch.
+    c.all_reduce(buf.data(), buf.data(), 16, DType::F32, ReduceOp::Sum);
+    CHECK(buf[0] == 3.0f, "rank %d: all_reduce after mismatch gave %g", rank, buf[0]);
+  });
+  // Rank 2 never calls: the others time out naming it, and rank 2 then sees the abort.
+  run_ranks(3, 4096, 0.3, [&](int rank, ShmComm& c) {
+    std::vector<float> buf(16, 1.0f);
+    if (rank == 2) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(800));
+    }
+    std::string msg;
+    try {
+      c.all_reduce(buf.data(), buf.data(), 16, DType::F32, ReduceOp::Sum);
+    } catch (const CommTimeoutError& e) {
+      msg = e.what();
+    }
+    CHECK(!msg.empty(), "rank %d: expected CommTimeoutError", rank);
+    if (rank != 2) CHECK(msg.find("[2]") != std::string::npos, "rank %d message names rank 2: %s", rank, msg.c_str());
+  });
+  std::printf("mismatch and timeout: checked\n");
+}
+
+int main() {
+  test_reduce_tables();
+  test_collectives();
+  test_mismatch_and_timeout();
+  if (g_failures) {
+    std::printf("%d failures\n", g_failures);
+    return 1;
+  }
+  std::printf("all core tests passed\n");
+  return 0;
+}
