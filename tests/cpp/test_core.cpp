@@ -66,11 +66,20 @@ static double get(const void* p, size_t i, DType t) {
   return 0;
 }
 
-// Small integer values (|v| <= 3, products of up to 5 stay exact in every dtype including int8).
+// Small integers in [-3, 3] \ {0} (uint8: [0, 3]) varying with both rank and position; sums stay exact
+// in every dtype, products may wrap in 8 bits (the reference wraps the same way).
 static double value(int rank, size_t i, DType t) {
-  const int v = static_cast<int>((i * 7 + rank * 3) % 7) - 3;
+  const int v = static_cast<int>((i * 5 + static_cast<size_t>(rank) * 3) % 7) - 3;
   if (t == DType::U8) return static_cast<double>((v + 3) % 4);
   return v == 0 ? 1 : v;
+}
+
+static double wrap_to(DType t, double v) {
+  switch (t) {
+    case DType::I8: return static_cast<int8_t>(static_cast<int64_t>(v));
+    case DType::U8: return static_cast<uint8_t>(static_cast<int64_t>(v));
+    default: return v;
+  }
 }
 
 static double reference(ReduceOp op, int nranks, size_t i, DType t) {
@@ -84,6 +93,7 @@ static double reference(ReduceOp op, int nranks, size_t i, DType t) {
       case ReduceOp::Max: acc = std::max(acc, v); break;
     }
   }
+  acc = wrap_to(t, acc);
   if (op == ReduceOp::Avg) {
     const bool integral = t == DType::I8 || t == DType::U8 || t == DType::I32 || t == DType::I64;
     acc = integral ? std::trunc(acc / nranks) : acc / nranks;

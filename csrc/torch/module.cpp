@@ -1,0 +1,162 @@
+// ringzero._C: the pybind11 module (layer 4). Hard checks on tensors (Python validates first and gives
+// the friendlier message), dtype mapping, GIL release around every blocking call, and the mapping of
+// core errors to Python exceptions.
+#include <torch/extension.h>
+
+#include "core/errors.h"
+#include "core/reduce.h"
+#include "core/shm_comm.h"
+
+namespace py = pybind11;
+using namespace ringzero;
+
+namespace {
+
+DType to_dtype(const at::Tensor& t, const char* arg) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return DType::F32;
+    case at::kDouble: return DType::F64;
+    case at::kBFloat16: return DType::BF16;
+    case at::kHalf: return DType::F16;
+    case at::kChar: return DType::I8;
+    case at::kByte: return DType::U8;
+    case at::kInt: return DType::I32;
+    case at::kLong: return DType::I64;
+    default:
+      TORCH_CHECK_TYPE(false, arg, " has dtype ", t.scalar_type(),
+                       ", which ringzero does not reduce; use float32, float64, bfloat16, float16, int8, uint8, "
+                       "int32 or int64");
+  }
+}
+
+void check_cpu(const at::Tensor& t, const char* arg) {
+  TORCH_CHECK_VALUE(t.device().is_cpu(), arg, " must be a CPU tensor for the shared-memory path, got ", t.device());
+  TORCH_CHECK_VALUE(t.is_contiguous(), arg, " must be contiguous; call .contiguous() first");
+}
+
+DType check_pair(const at::Tensor& in, const at::Tensor& out) {
+  check_cpu(in, "input");
+  check_cpu(out, "output");
+  const DType d = to_dtype(in, "input");
+  TORCH_CHECK_TYPE(in.scalar_type() == out.scalar_type(), "output dtype ", out.scalar_type(),
+                   " differs from input dtype ", in.scalar_type());
+  return d;
+}
+
+ReduceOp to_op(int op) {
+  TORCH_CHECK_VALUE(op >= 0 && op < kNumReduceOps, "unknown reduce op ", op);
+  return static_cast<ReduceOp>(op);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "ringzero native collectives (shared memory, reduction kernels)";
+
+  static py::exception<CommError> comm_error(m, "CommError", PyExc_RuntimeError);
+  static py::exception<CommTimeoutError> comm_timeout(m, "CommTimeout", comm_error.ptr());
+  static py::exception<CollectiveMismatchError> mismatch(m, "CollectiveMismatch", comm_error.ptr());
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const CollectiveMismatchError& e) {
+      PyErr_SetString(mismatch.ptr(), e.what());
+    } catch (const CommTimeoutError& e) {
+      PyErr_SetString(comm_timeout.ptr(), e.what());
+    } catch (const CommError& e) {
+      PyErr_SetString(comm_error.ptr(), e.what());
+    } catch (const InvalidArgument& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    }
+  });
+
+  m.def("reduce_isa", &reduce_isa, "Instruction set of the CPU reduction kernels in use");
+
+  m.def(
+      "reduce_",
+      [](at::Tensor dst, std::vector<at::Tensor> srcs, int op, int divisor) {
+        check_cpu(dst, "dst");
+        const DType d = to_dtype(dst, "dst");
+        TORCH_CHECK_VALUE(!srcs.empty(), "srcs must not be empty");
+        std::vector<const void*> ptrs;
+        for (const auto& s : srcs) {
+          check_cpu(s, "srcs[i]");
+          TORCH_CHECK_TYPE(s.scalar_type() == dst.scalar_type(), "srcs dtype differs from dst");
+          TORCH_CHECK_VALUE(s.numel() == dst.numel(), "srcs[i] has ", s.numel(), " elements, dst ", dst.numel());
+          ptrs.push_back(s.data_ptr());
+        }
+        ReduceOp o = to_op(op);
+        if (o == ReduceOp::Avg) o = ReduceOp::Sum;
+        py::gil_scoped_release nogil;
+        reduce_n(dst.data_ptr(), ptrs.data(), static_cast<int>(ptrs.size()), dst.numel(), d, o, divisor);
+        return dst;
+      },
+      py::arg("dst"), py::arg("srcs"), py::arg("op"), py::arg("divisor") = 1,
+      "dst = op(srcs[0], srcs[1], ...) element-wise (Avg: pass op=SUM and divisor); dst may alias a source");
+
+  py::class_<ShmComm>(m, "ShmComm")
+      .def(py::init([](const std::string& name, int rank, int nranks, size_t slot_bytes, double timeout_s,
+                       std::vector<int> group_ranks) {
+             return std::make_unique<ShmComm>(name, rank, nranks, slot_bytes, timeout_s, std::move(group_ranks));
+           }),
+           py::arg("name"), py::arg("rank"), py::arg("nranks"), py::arg("slot_bytes"), py::arg("timeout_s"),
+           py::arg("group_ranks"))
+      .def_property_readonly("name", &ShmComm::name)
+      .def_property_readonly("seq", &ShmComm::seq)
+      .def_property_readonly("rank", &ShmComm::rank)
+      .def_property_readonly("nranks", &ShmComm::nranks)
+      .def_property_readonly("slot_bytes", &ShmComm::slot_bytes)
+      .def("unlink", &ShmComm::unlink)
+      .def("set_timeout", &ShmComm::set_timeout)
+      .def("choose_all_reduce", [](const ShmComm& c, size_t bytes) { return static_cast<int>(c.choose_all_reduce(bytes)); })
+      .def("all_reduce",
+           [](ShmComm& c, at::Tensor in, at::Tensor out, int op, int algo) {
+             const DType d = check_pair(in, out);
+             TORCH_CHECK_VALUE(in.numel() == out.numel(), "output has ", out.numel(), " elements, input ", in.numel());
+             py::gil_scoped_release nogil;
+             c.all_reduce(in.data_ptr(), out.data_ptr(), in.numel(), d, to_op(op), static_cast<AllReduceAlgo>(algo));
+           })
+      .def("reduce_scatter",
+           [](ShmComm& c, at::Tensor in, at::Tensor out, int op) {
+             const DType d = check_pair(in, out);
+             TORCH_CHECK_VALUE(in.numel() == out.numel() * c.nranks(), "input must have world_size * output.numel() elements");
+             py::gil_scoped_release nogil;
+             c.reduce_scatter(in.data_ptr(), out.data_ptr(), out.numel(), d, to_op(op));
+           })
+      .def("all_gather",
+           [](ShmComm& c, at::Tensor in, at::Tensor out) {
+             const DType d = check_pair(in, out);
+             TORCH_CHECK_VALUE(out.numel() == in.numel() * c.nranks(), "output must have world_size * input.numel() elements");
+             py::gil_scoped_release nogil;
+             c.all_gather(in.data_ptr(), out.data_ptr(), in.numel(), d);
+           })
+      .def("all_gather_v",
+           [](ShmComm& c, at::Tensor in, at::Tensor out, std::vector<size_t> counts) {
+             const DType d = check_pair(in, out);
+             TORCH_CHECK_VALUE(static_cast<int>(counts.size()) == c.nranks(), "counts needs one entry per rank");
+             size_t total = 0;
+             for (size_t x : counts) total += x;
+             TORCH_CHECK_VALUE(static_cast<size_t>(out.numel()) == total, "output must have sum(counts) elements");
+             TORCH_CHECK_VALUE(static_cast<size_t>(in.numel()) == counts[c.rank()], "input must have counts[rank] elements");
+             py::gil_scoped_release nogil;
+             c.all_gather_v(in.data_ptr(), out.data_ptr(), counts, d);
+           })
+      .def("broadcast",
+           [](ShmComm& c, at::Tensor t, int root) {
+             check_cpu(t, "tensor");
+             const DType d = to_dtype(t, "tensor");
+             py::gil_scoped_release nogil;
+             c.broadcast(t.data_ptr(), t.numel(), d, root);
+           })
+      .def("reduce",
+           [](ShmComm& c, at::Tensor in, at::Tensor out, int op, int root) {
+             const DType d = check_pair(in, out);
+             TORCH_CHECK_VALUE(in.numel() == out.numel(), "output has ", out.numel(), " elements, input ", in.numel());
+             py::gil_scoped_release nogil;
+             c.reduce(in.data_ptr(), out.data_ptr(), in.numel(), d, to_op(op), root);
+           })
+      .def("barrier", [](ShmComm& c) {
+        py::gil_scoped_release nogil;
+        c.barrier();
+      });
+}

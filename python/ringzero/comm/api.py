@@ -1,0 +1,200 @@
+"""The public collectives, mirroring torch.distributed: same arguments, shapes and semantics.
+
+Eligibility and argument checks live here (clear ValueError/TypeError naming the argument); the
+native code repeats the essential checks as hard errors.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from .communicator import get_communicator
+from .types import SUPPORTED_DTYPES, ReduceOp, to_reduce_op
+from .work import Work
+
+
+def _resolve_group(group, op: str):
+    if not dist.is_available() or not dist.is_initialized():
+        raise ValueError(
+            f"ringzero.{op}: group=None needs the default process group, but torch.distributed is not "
+            "initialized; call torch.distributed.init_process_group('gloo') first"
+        )
+    if group is None or group is dist.GroupMember.WORLD:
+        return dist.group.WORLD
+    if not isinstance(group, dist.ProcessGroup):
+        raise TypeError(f"ringzero.{op}: group must be a ProcessGroup or None, got {type(group).__name__}")
+    return group
+
+
+def _check_tensor(t, arg: str, op: str):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"ringzero.{op}: {arg} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in SUPPORTED_DTYPES:
+        names = ", ".join(str(d).replace("torch.", "") for d in SUPPORTED_DTYPES)
+        raise TypeError(f"ringzero.{op}: {arg} has dtype {t.dtype}, which ringzero does not support; use one of {names}")
+    if t.device.type != "cpu":
+        raise ValueError(
+            f"ringzero.{op}: {arg} is on {t.device}, but this build of ringzero runs collectives on CPU "
+            f"tensors only; move it with {arg}.cpu()"
+        )
+    if not t.is_contiguous():
+        raise ValueError(f"ringzero.{op}: {arg} must be contiguous; pass {arg}.contiguous()")
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    return t.view(-1)
+
+
+def _group_rank_of(group, global_rank, group_rank, arg: str, op: str) -> int:
+    """Turns torch's (global `src`/`dst`, or `group_src`/`group_dst`) into a rank of `group`."""
+    if (global_rank is None) == (group_rank is None):
+        raise ValueError(f"ringzero.{op}: pass exactly one of {arg} (a global rank) and group_{arg} (a rank in group)")
+    world = dist.get_world_size(group)
+    if group_rank is not None:
+        if not isinstance(group_rank, int) or not 0 <= group_rank < world:
+            raise ValueError(f"ringzero.{op}: group_{arg}={group_rank!r} must be in [0, {world})")
+        return group_rank
+    ranks = dist.get_process_group_ranks(group)
+    if not isinstance(global_rank, int) or global_rank not in ranks:
+        raise ValueError(f"ringzero.{op}: {arg}={global_rank!r} is not a rank of the group (its ranks are {ranks})")
+    return ranks.index(global_rank)
+
+
+def _member(group) -> bool:
+    # torch.distributed returns without doing anything on ranks outside the group; so do we.
+    return dist.get_rank(group) >= 0
+
+
+def all_reduce(tensor: torch.Tensor, op=ReduceOp.SUM, group=None, async_op: bool = False):
+    """Reduces `tensor` in place across all ranks of `group` (every rank must call it with the same
+    dtype and numel). Returns a Work handle when async_op=True, else None."""
+    op_ = to_reduce_op(op)
+    _check_tensor(tensor, "tensor", "all_reduce")
+    g = _resolve_group(group, "all_reduce")
+    if not _member(g):
+        return None
+    comm = get_communicator(g)
+    x = _flat(tensor)
+    return comm.run(lambda: comm.all_reduce(x, op_), async_op, tensor)
+
+
+def reduce_scatter_single(output: torch.Tensor, input: torch.Tensor, op=ReduceOp.SUM, group=None,
+                          async_op: bool = False):
+    """output (numel k) on group rank r receives block r (elements [r*k, (r+1)*k)) of `input`
+    (numel world*k) reduced across ranks. `input` is not modified."""
+    op_ = to_reduce_op(op)
+    _check_tensor(output, "output", "reduce_scatter_single")
+    _check_tensor(input, "input", "reduce_scatter_single")
+    g = _resolve_group(group, "reduce_scatter_single")
+    if not _member(g):
+        return None
+    world = dist.get_world_size(g)
+    if input.dtype != output.dtype:
+        raise TypeError(f"ringzero.reduce_scatter_single: output dtype {output.dtype} differs from input dtype {input.dtype}")
+    if input.numel() != world * output.numel():
+        raise ValueError(
+            f"ringzero.reduce_scatter_single: input has {input.numel()} elements but must have "
+            f"world_size * output.numel() = {world} * {output.numel()} = {world * output.numel()}"
+        )
+    if output.data_ptr() == input.data_ptr() and output.numel() and world > 1:
+        raise ValueError("ringzero.reduce_scatter_single: output must not alias input; allocate a separate output")
+    comm = get_communicator(g)
+    o, i = _flat(output), _flat(input)
+    return comm.run(lambda: comm.reduce_scatter(o, i, op_), async_op, output)
+
+
+def all_gather_single(output_tensor: torch.Tensor, input_tensor: torch.Tensor, group=None, async_op: bool = False):
+    """output_tensor (numel world*k) receives every rank's input_tensor (numel k) in rank order."""
+    _check_tensor(output_tensor, "output_tensor", "all_gather_single")
+    _check_tensor(input_tensor, "input_tensor", "all_gather_single")
+    g = _resolve_group(group, "all_gather_single")
+    if not _member(g):
+        return None
+    world = dist.get_world_size(g)
+    if input_tensor.dtype != output_tensor.dtype:
+        raise TypeError(
+            f"ringzero.all_gather_single: output_tensor dtype {output_tensor.dtype} differs from "
+            f"input_tensor dtype {input_tensor.dtype}"
+        )
+    if output_tensor.numel() != world * input_tensor.numel():
+        raise ValueError(
+            f"ringzero.all_gather_single: output_tensor has {output_tensor.numel()} elements but must have "
+            f"world_size * input_tensor.numel() = {world * input_tensor.numel()}"
+        )
+    comm = get_communicator(g)
+    o, i = _flat(output_tensor), _flat(input_tensor)
+    return comm.run(lambda: comm.all_gather(o, i), async_op, output_tensor)
+
+
+# torch.distributed's older names for the two tensor forms (torch 2.13 deprecates them; we keep both).
+reduce_scatter_tensor = reduce_scatter_single
+all_gather_into_tensor = all_gather_single
+
+
+def all_gather_v(output: torch.Tensor, input: torch.Tensor, counts, group=None, async_op: bool = False):
+    """Uneven all-gather: rank q contributes counts[q] elements (input.numel() == counts[rank]) and
+    `output` (numel sum(counts)) receives them in rank order. Every rank must pass the same counts."""
+    _check_tensor(output, "output", "all_gather_v")
+    _check_tensor(input, "input", "all_gather_v")
+    g = _resolve_group(group, "all_gather_v")
+    if not _member(g):
+        return None
+    world, rank = dist.get_world_size(g), dist.get_rank(g)
+    try:
+        counts = [int(c) for c in counts]
+    except (TypeError, ValueError):
+        raise TypeError(f"ringzero.all_gather_v: counts must be a sequence of ints, got {counts!r}") from None
+    if len(counts) != world or any(c < 0 for c in counts):
+        raise ValueError(f"ringzero.all_gather_v: counts must hold {world} non-negative ints (one per rank), got {counts}")
+    if input.dtype != output.dtype:
+        raise TypeError(f"ringzero.all_gather_v: output dtype {output.dtype} differs from input dtype {input.dtype}")
+    if input.numel() != counts[rank]:
+        raise ValueError(f"ringzero.all_gather_v: input has {input.numel()} elements but counts[{rank}] = {counts[rank]}")
+    if output.numel() != sum(counts):
+        raise ValueError(f"ringzero.all_gather_v: output has {output.numel()} elements but sum(counts) = {sum(counts)}")
+    comm = get_communicator(g)
+    o, i = _flat(output), _flat(input)
+    return comm.run(lambda: comm.all_gather(o, i, counts), async_op, output)
+
+
+def broadcast(tensor: torch.Tensor, src: int | None = None, group=None, async_op: bool = False,
+              group_src: int | None = None):
+    """Copies `tensor` of rank `src` (a global rank; or group_src, a rank in `group`) to every rank."""
+    _check_tensor(tensor, "tensor", "broadcast")
+    g = _resolve_group(group, "broadcast")
+    if not _member(g):
+        return None
+    root = _group_rank_of(g, src, group_src, "src", "broadcast")
+    comm = get_communicator(g)
+    x = _flat(tensor)
+    return comm.run(lambda: comm.broadcast(x, root), async_op, tensor)
+
+
+def reduce(tensor: torch.Tensor, dst: int | None = None, op=ReduceOp.SUM, group=None, async_op: bool = False,
+           group_dst: int | None = None):
+    """Reduces `tensor` across ranks into `tensor` on rank `dst` (global; or group_dst in `group`).
+    Other ranks' tensors are left unchanged."""
+    op_ = to_reduce_op(op)
+    _check_tensor(tensor, "tensor", "reduce")
+    g = _resolve_group(group, "reduce")
+    if not _member(g):
+        return None
+    root = _group_rank_of(g, dst, group_dst, "dst", "reduce")
+    comm = get_communicator(g)
+    x = _flat(tensor)
+    return comm.run(lambda: comm.reduce(x, root, op_), async_op, tensor)
+
+
+def barrier(group=None, async_op: bool = False):
+    """Returns once every rank of `group` has entered the barrier."""
+    g = _resolve_group(group, "barrier")
+    if not _member(g):
+        return None
+    comm = get_communicator(g)
+    return comm.run(comm.barrier, async_op)
+
+
+__all__ = [
+    "all_reduce", "reduce_scatter_single", "reduce_scatter_tensor", "all_gather_single", "all_gather_into_tensor",
+    "all_gather_v", "broadcast", "reduce", "barrier", "Work",
+]
