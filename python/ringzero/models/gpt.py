@@ -1,0 +1,123 @@
+"""A small GPT-style decoder over bytes: the model of the training job, the parity tests and the
+benchmarks. Built from three kinds of pieces (embedding, blocks, head) so that pipeline splitting can
+cut it between blocks: GPT.as_sequential() returns the same modules as one nn.Sequential.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclasses.dataclass
+class GPTConfig:
+    vocab_size: int = 256
+    """Tokens are bytes by default."""
+    seq_len: int = 128
+    """Longest context; positions are learned up to this length."""
+    n_layer: int = 4
+    """Number of transformer blocks."""
+    n_head: int = 4
+    """Attention heads per block; must divide d_model."""
+    d_model: int = 256
+    """Width of the residual stream."""
+    mlp_ratio: int = 4
+    """Hidden width of the MLP as a multiple of d_model."""
+
+    def __post_init__(self):
+        for name in ("vocab_size", "seq_len", "n_layer", "n_head", "d_model", "mlp_ratio"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"GPTConfig.{name} must be a positive int, got {v!r}")
+        if self.d_model % self.n_head:
+            raise ValueError(f"GPTConfig.n_head={self.n_head} must divide d_model={self.d_model}")
+
+
+class Embedding(nn.Module):
+    """Token plus learned position embedding: (B, T) int64 -> (B, T, d_model)."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.tok = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos = nn.Embedding(cfg.seq_len, cfg.d_model)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        t = idx.shape[1]
+        return self.tok(idx) + self.pos(torch.arange(t, device=idx.device))
+
+
+class Block(nn.Module):
+    """Pre-norm causal self-attention and MLP: (B, T, d) -> (B, T, d)."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.n_head = cfg.n_head
+        self.ln1 = nn.LayerNorm(cfg.d_model)
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model)
+        self.ln2 = nn.LayerNorm(cfg.d_model)
+        self.fc = nn.Linear(cfg.d_model, cfg.mlp_ratio * cfg.d_model)
+        self.out = nn.Linear(cfg.mlp_ratio * cfg.d_model, cfg.d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
+        shape = (b, t, self.n_head, d // self.n_head)
+        q, k, v = (z.view(shape).transpose(1, 2) for z in (q, k, v))
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
+        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+
+class Head(nn.Module):
+    """Final norm and projection to logits: (B, T, d) -> (B, T, vocab)."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.ln = nn.LayerNorm(cfg.d_model)
+        self.lm = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lm(self.ln(x))
+
+
+class GPT(nn.Module):
+    """Embedding, n_layer blocks, head. forward(idx (B, T) int64) -> logits (B, T, vocab)."""
+
+    def __init__(self, cfg: GPTConfig | None = None):
+        super().__init__()
+        self.cfg = cfg or GPTConfig()
+        self.embed = Embedding(self.cfg)
+        self.blocks = nn.ModuleList(Block(self.cfg) for _ in range(self.cfg.n_layer))
+        self.head = Head(self.cfg)
+        self.apply(self._init)
+
+    def _init(self, m: nn.Module):
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, std=0.02)
+            if isinstance(m, nn.Linear) and m.bias is not None:
+                nn.init.zeros_(m.bias)
+        # Residual projections scaled down with depth (GPT-2's initialisation).
+        for name in ("proj", "out"):
+            if isinstance(m, Block):
+                nn.init.normal_(getattr(m, name).weight, std=0.02 / math.sqrt(2 * self.cfg.n_layer))
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        if idx.dim() != 2 or idx.shape[1] > self.cfg.seq_len:
+            raise ValueError(f"idx must be (batch, T) with T <= seq_len={self.cfg.seq_len}, got {tuple(idx.shape)}")
+        x = self.embed(idx)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+    def as_sequential(self) -> nn.Sequential:
+        """The same modules (shared parameters) as nn.Sequential(embed, *blocks, head)."""
+        return nn.Sequential(self.embed, *self.blocks, self.head)
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy: logits (B, T, V), targets (B, T) int64."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
