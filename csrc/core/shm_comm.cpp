@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <sstream>
 #include <thread>
@@ -52,7 +53,22 @@ int usable_cpus() {
   return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }
 
-bool process_gone(int pid) { return pid > 0 && kill(pid, 0) != 0 && errno == ESRCH; }
+// A peer is gone when its pid no longer exists or is a zombie (killed, not yet reaped by its parent:
+// kill(pid, 0) still succeeds then, so /proc is consulted).
+bool process_gone(int pid) {
+  if (pid <= 0) return false;
+  if (kill(pid, 0) != 0) return errno == ESRCH;
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+  FILE* f = std::fopen(path, "r");
+  if (!f) return false;
+  char buf[512];
+  const size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+  std::fclose(f);
+  buf[n] = 0;
+  const char* close_paren = std::strrchr(buf, ')');  // the command name may contain spaces
+  return close_paren && close_paren[1] == ' ' && (close_paren[2] == 'Z' || close_paren[2] == 'X');
+}
 
 std::string join(const std::vector<int>& v) {
   std::ostringstream s;

@@ -73,7 +73,7 @@ def all_reduce(tensor: torch.Tensor, op=ReduceOp.SUM, group=None, async_op: bool
     g = _resolve_group(group, "all_reduce")
     if not _member(g):
         return None
-    comm = get_communicator(g)
+    comm = get_communicator(g, "all_reduce")
     x = _flat(tensor)
     return comm.run(lambda: comm.all_reduce(x, op_), async_op, tensor)
 
@@ -98,7 +98,7 @@ def reduce_scatter_single(output: torch.Tensor, input: torch.Tensor, op=ReduceOp
         )
     if output.data_ptr() == input.data_ptr() and output.numel() and world > 1:
         raise ValueError("ringzero.reduce_scatter_single: output must not alias input; allocate a separate output")
-    comm = get_communicator(g)
+    comm = get_communicator(g, "reduce_scatter_single")
     o, i = _flat(output), _flat(input)
     return comm.run(lambda: comm.reduce_scatter(o, i, op_), async_op, output)
 
@@ -121,7 +121,7 @@ def all_gather_single(output_tensor: torch.Tensor, input_tensor: torch.Tensor, g
             f"ringzero.all_gather_single: output_tensor has {output_tensor.numel()} elements but must have "
             f"world_size * input_tensor.numel() = {world * input_tensor.numel()}"
         )
-    comm = get_communicator(g)
+    comm = get_communicator(g, "all_gather_single")
     o, i = _flat(output_tensor), _flat(input_tensor)
     return comm.run(lambda: comm.all_gather(o, i), async_op, output_tensor)
 
@@ -152,7 +152,7 @@ def all_gather_v(output: torch.Tensor, input: torch.Tensor, counts, group=None, 
         raise ValueError(f"ringzero.all_gather_v: input has {input.numel()} elements but counts[{rank}] = {counts[rank]}")
     if output.numel() != sum(counts):
         raise ValueError(f"ringzero.all_gather_v: output has {output.numel()} elements but sum(counts) = {sum(counts)}")
-    comm = get_communicator(g)
+    comm = get_communicator(g, "all_gather_v")
     o, i = _flat(output), _flat(input)
     return comm.run(lambda: comm.all_gather(o, i, counts), async_op, output)
 
@@ -165,7 +165,7 @@ def broadcast(tensor: torch.Tensor, src: int | None = None, group=None, async_op
     if not _member(g):
         return None
     root = _group_rank_of(g, src, group_src, "src", "broadcast")
-    comm = get_communicator(g)
+    comm = get_communicator(g, "broadcast")
     x = _flat(tensor)
     return comm.run(lambda: comm.broadcast(x, root), async_op, tensor)
 
@@ -180,7 +180,7 @@ def reduce(tensor: torch.Tensor, dst: int | None = None, op=ReduceOp.SUM, group=
     if not _member(g):
         return None
     root = _group_rank_of(g, dst, group_dst, "dst", "reduce")
-    comm = get_communicator(g)
+    comm = get_communicator(g, "reduce")
     x = _flat(tensor)
     return comm.run(lambda: comm.reduce(x, root, op_), async_op, tensor)
 
@@ -190,7 +190,7 @@ def barrier(group=None, async_op: bool = False):
     g = _resolve_group(group, "barrier")
     if not _member(g):
         return None
-    comm = get_communicator(g)
+    comm = get_communicator(g, "barrier")
     return comm.run(comm.barrier, async_op)
 
 
