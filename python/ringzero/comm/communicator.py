@@ -166,9 +166,7 @@ class Communicator:
         """Runs fn in call order: inline when nothing is pending, else behind the pending calls."""
         self.seq += 1
         if not async_op:
-            with self._lock:
-                busy = self._pending > 0
-            if not busy:
+            if self._pending == 0:  # read under the GIL; only the calling thread submits
                 fn()
                 return None
             self._submit(fn).result()
@@ -205,6 +203,7 @@ class Communicator:
         if self.single_host:
             self.shm.all_reduce(x, x, int(op), self.algo)
             return
+        x = x.view(-1)  # the Python rings slice flat buffers; the native paths take any contiguous shape
         base, divisor = (ReduceOp.SUM, self.world) if op == ReduceOp.AVG else (op, 1)
         if not self.hierarchical:
             self.flat_ring.begin(self._label("all_reduce"))
@@ -232,19 +231,19 @@ class Communicator:
             return
         base, divisor = (ReduceOp.SUM, self.world) if op == ReduceOp.AVG else (op, 1)
         self.flat_ring.begin(self._label("reduce_scatter"))
-        self.flat_ring.reduce_scatter(inp, out, base, divisor)
+        self.flat_ring.reduce_scatter(inp.view(-1), out.view(-1), base, divisor)
 
     def all_gather(self, out: torch.Tensor, inp: torch.Tensor, counts: list[int] | None = None):
         if self.single_host:
             if self.world == 1:
-                out.copy_(inp)
+                out.view(-1).copy_(inp.view(-1))
             elif counts is None:
                 self.shm.all_gather(inp, out)
             else:
                 self.shm.all_gather_v(inp, out, counts)
             return
         self.flat_ring.begin(self._label("all_gather"))
-        self.flat_ring.all_gather(inp, out, counts)
+        self.flat_ring.all_gather(inp.view(-1), out.view(-1), counts)
 
     def broadcast(self, x: torch.Tensor, root: int):
         if self.world == 1:
@@ -253,7 +252,7 @@ class Communicator:
             self.shm.broadcast(x, root)
             return
         self.flat_ring.begin(self._label("broadcast"))
-        self.flat_ring.broadcast(x, root)
+        self.flat_ring.broadcast(x.view(-1), root)
 
     def reduce(self, x: torch.Tensor, root: int, op: ReduceOp):
         if self.world == 1:
@@ -263,6 +262,7 @@ class Communicator:
             return
         base, divisor = (ReduceOp.SUM, self.world) if op == ReduceOp.AVG else (op, 1)
         self.flat_ring.begin(self._label("reduce"))
+        x = x.view(-1)
         self.flat_ring.reduce(x, x, root, base, divisor)
 
     def barrier(self):
