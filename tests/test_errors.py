@@ -96,6 +96,14 @@ def absent_rank_body(rank, world, during_setup):
     msg = str(info.value)
     assert "all_reduce" in msg and f"[{world - 1}]" in msg, msg
     assert during_setup or "sequence number 2" in msg, msg
+    if not during_setup:
+        # What each rank last completed (from shared memory) and this rank's flight recorder file.
+        assert f"{world - 1}: barrier #1" in msg, msg
+        path = msg.split("flight recorder of this rank: ")[1].strip()
+        with open(path) as f:
+            log = f.read()
+        os.remove(path)
+        assert "barrier" in log and "all_reduce" in log and "CommTimeout" in log, log
     return elapsed
 
 

@@ -110,9 +110,11 @@ static_assert(sizeof(ShmComm::Header) <= kHeaderBytes, "header must fit its page
 
 // One per rank, written only by that rank. Counters and fingerprints sit on separate cache lines.
 struct alignas(128) ShmComm::Control {
-  std::atomic<uint64_t> arrive;  // phases this rank has completed
-  std::atomic<uint64_t> done;    // last slice whose peer reads this rank has finished
-  char pad[128 - 2 * sizeof(std::atomic<uint64_t>)];
+  std::atomic<uint64_t> arrive;     // phases this rank has completed
+  std::atomic<uint64_t> done;       // last slice whose peer reads this rank has finished
+  std::atomic<uint64_t> last_seq;   // sequence number of the last collective this rank completed
+  std::atomic<int32_t> last_kind;   // and its kind (a CollectiveKind)
+  char pad[128 - 3 * sizeof(std::atomic<uint64_t>) - sizeof(std::atomic<int32_t>)];
   Fingerprint fp[2];  // by slice parity, like the slots
 };
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "cross-process flags need lock-free atomics");
@@ -180,6 +182,23 @@ void ShmComm::start_op(CollectiveKind kind, DType dtype, ReduceOp op, int root, 
                          static_cast<int32_t>(op), root, count};
   op_deadline_ = now_s() + timeout_s_;
   check_abort();
+}
+
+void ShmComm::finish_op() {
+  control(rank_)->last_kind.store(current_.kind, std::memory_order_relaxed);
+  control(rank_)->last_seq.store(current_.seq, std::memory_order_release);
+}
+
+std::string ShmComm::last_completed_table() const {
+  std::ostringstream s;
+  s << "last completed op per group rank:";
+  for (int q = 0; q < nranks_; ++q) {
+    const uint64_t seq = control(q)->last_seq.load(std::memory_order_acquire);
+    s << (q ? ", " : " ") << group_ranks_[q] << ": ";
+    if (seq == 0) s << "none";
+    else s << collective_name(static_cast<CollectiveKind>(control(q)->last_kind.load())) << " #" << seq;
+  }
+  return s.str();
 }
 
 void ShmComm::signal() { control(rank_)->arrive.store(++phase_, std::memory_order_release); }
@@ -270,7 +289,8 @@ void ShmComm::fail_wait(const std::vector<int>& ranks, uint64_t phase, const cha
     << current_.seq << ") on group rank " << group_ranks_[rank_] << ": " << why << " after "
     << timeout_s_ << " s limit while waiting for group ranks " << join(missing);
   if (!exited.empty()) s << "; ranks " << join(exited) << " have exited";
-  s << ". Every rank must call the same collectives in the same order; raise RINGZERO_TIMEOUT_S if "
+  s << ". " << last_completed_table()
+    << ". Every rank must call the same collectives in the same order; raise RINGZERO_TIMEOUT_S if "
        "a rank is legitimately slow.";
   abort_all(s.str());
   throw CommTimeoutError(s.str());
@@ -350,7 +370,7 @@ AllReduceAlgo ShmComm::choose_all_reduce(size_t bytes) const {
 }
 
 void ShmComm::all_reduce(const void* in, void* out, size_t count, DType dtype, ReduceOp op, AllReduceAlgo algo) {
-  start_op(CollectiveKind::AllReduce, dtype, op, -1, count);
+  OpGuard guard(this, CollectiveKind::AllReduce, dtype, op, -1, count);
   if (nranks_ == 1) {
     if (in != out) std::memcpy(out, in, count * dtype_size(dtype));
     return;
@@ -463,7 +483,7 @@ void ShmComm::all_reduce_ring(const void* in, void* out, size_t count, DType dty
 // all slots straight into its output. Per rank per slice of B bytes of output: writes n*B to shm,
 // reads n*B, writes B; one synchronisation.
 void ShmComm::reduce_scatter(const void* in, void* out, size_t count_per_rank, DType dtype, ReduceOp op) {
-  start_op(CollectiveKind::ReduceScatter, dtype, op, -1, count_per_rank);
+  OpGuard guard(this, CollectiveKind::ReduceScatter, dtype, op, -1, count_per_rank);
   const size_t es = dtype_size(dtype);
   if (nranks_ == 1) {
     if (in != out) std::memcpy(out, in, count_per_rank * es);
@@ -489,7 +509,7 @@ void ShmComm::reduce_scatter(const void* in, void* out, size_t count_per_rank, D
 }
 
 void ShmComm::all_gather(const void* in, void* out, size_t count, DType dtype) {
-  start_op(CollectiveKind::AllGather, dtype, ReduceOp::Sum, -1, count);
+  OpGuard guard(this, CollectiveKind::AllGather, dtype, ReduceOp::Sum, -1, count);
   const size_t es = dtype_size(dtype);
   const size_t slot_elems = slot_bytes_ / es;
   if (nranks_ == 1) {
@@ -523,7 +543,7 @@ void ShmComm::all_gather_v(const void* in, void* out, const std::vector<size_t>&
     total += counts[q];
     hash = (hash ^ counts[q]) * 1099511628211ULL;
   }
-  start_op(CollectiveKind::AllGatherV, dtype, ReduceOp::Sum, static_cast<int32_t>(hash & 0x7fffffff), total);
+  OpGuard guard(this, CollectiveKind::AllGatherV, dtype, ReduceOp::Sum, static_cast<int32_t>(hash & 0x7fffffff), total);
   const size_t es = dtype_size(dtype);
   const size_t slot_elems = slot_bytes_ / es;
   if (nranks_ == 1) {
@@ -551,7 +571,7 @@ void ShmComm::all_gather_v(const void* in, void* out, const std::vector<size_t>&
 // for the root alone. Per non-root per slice of B bytes: reads B, writes B.
 void ShmComm::broadcast(void* buf, size_t count, DType dtype, int root) {
   if (root < 0 || root >= nranks_) throw InvalidArgument("root out of range");
-  start_op(CollectiveKind::Broadcast, dtype, ReduceOp::Sum, root, count);
+  OpGuard guard(this, CollectiveKind::Broadcast, dtype, ReduceOp::Sum, root, count);
   if (nranks_ == 1) return;
   const size_t es = dtype_size(dtype);
   const size_t slot_elems = slot_bytes_ / es;
@@ -576,7 +596,7 @@ void ShmComm::broadcast(void* buf, size_t count, DType dtype, int root) {
 // Per root per slice of B bytes: reads n*B, writes B; non-roots write B to shm.
 void ShmComm::reduce(const void* in, void* out, size_t count, DType dtype, ReduceOp op, int root) {
   if (root < 0 || root >= nranks_) throw InvalidArgument("root out of range");
-  start_op(CollectiveKind::Reduce, dtype, op, root, count);
+  OpGuard guard(this, CollectiveKind::Reduce, dtype, op, root, count);
   const size_t es = dtype_size(dtype);
   if (nranks_ == 1) {
     if (in != out) std::memcpy(out, in, count * es);
@@ -604,7 +624,7 @@ void ShmComm::reduce(const void* in, void* out, size_t count, DType dtype, Reduc
 }
 
 void ShmComm::barrier() {
-  start_op(CollectiveKind::Barrier, DType::U8, ReduceOp::Sum, -1, 0);
+  OpGuard guard(this, CollectiveKind::Barrier, DType::U8, ReduceOp::Sum, -1, 0);
   if (nranks_ == 1) return;
   const uint64_t k = begin_slice();
   publish_fingerprint(k);

@@ -88,7 +88,7 @@ def all_reduce(tensor: torch.Tensor, op=ReduceOp.SUM, group=None, async_op: bool
     comm = _comm(group, "all_reduce")
     if comm is None:
         return None
-    return comm.run(lambda: comm.all_reduce(tensor, op_), async_op, tensor)
+    return comm.run(lambda: comm.all_reduce(tensor, op_), async_op, tensor, "all_reduce", tensor)
 
 
 def reduce_scatter_single(output: torch.Tensor, input: torch.Tensor, op=ReduceOp.SUM, group=None,
@@ -111,7 +111,7 @@ def reduce_scatter_single(output: torch.Tensor, input: torch.Tensor, op=ReduceOp
         )
     if output.data_ptr() == input.data_ptr() and output.numel() and world > 1:
         raise ValueError("ringzero.reduce_scatter_single: output must not alias input; allocate a separate output")
-    return comm.run(lambda: comm.reduce_scatter(output, input, op_), async_op, output)
+    return comm.run(lambda: comm.reduce_scatter(output, input, op_), async_op, output, "reduce_scatter", input)
 
 
 def all_gather_single(output_tensor: torch.Tensor, input_tensor: torch.Tensor, group=None, async_op: bool = False):
@@ -131,7 +131,8 @@ def all_gather_single(output_tensor: torch.Tensor, input_tensor: torch.Tensor, g
             f"ringzero.all_gather_single: output_tensor has {output_tensor.numel()} elements but must have "
             f"world_size * input_tensor.numel() = {comm.world * input_tensor.numel()}"
         )
-    return comm.run(lambda: comm.all_gather(output_tensor, input_tensor), async_op, output_tensor)
+    return comm.run(lambda: comm.all_gather(output_tensor, input_tensor), async_op, output_tensor, "all_gather",
+                    output_tensor)
 
 
 # torch.distributed's older names for the two tensor forms (torch 2.13 deprecates them; we keep both).
@@ -160,7 +161,7 @@ def all_gather_v(output: torch.Tensor, input: torch.Tensor, counts, group=None, 
         raise ValueError(f"ringzero.all_gather_v: input has {input.numel()} elements but counts[{rank}] = {counts[rank]}")
     if output.numel() != sum(counts):
         raise ValueError(f"ringzero.all_gather_v: output has {output.numel()} elements but sum(counts) = {sum(counts)}")
-    return comm.run(lambda: comm.all_gather(output, input, counts), async_op, output)
+    return comm.run(lambda: comm.all_gather(output, input, counts), async_op, output, "all_gather_v", output)
 
 
 def broadcast(tensor: torch.Tensor, src: int | None = None, group=None, async_op: bool = False,
@@ -171,7 +172,7 @@ def broadcast(tensor: torch.Tensor, src: int | None = None, group=None, async_op
     if comm is None:
         return None
     root = _group_rank_of(comm, src, group_src, "src", "broadcast")
-    return comm.run(lambda: comm.broadcast(tensor, root), async_op, tensor)
+    return comm.run(lambda: comm.broadcast(tensor, root), async_op, tensor, "broadcast", tensor)
 
 
 def reduce(tensor: torch.Tensor, dst: int | None = None, op=ReduceOp.SUM, group=None, async_op: bool = False,
@@ -184,7 +185,7 @@ def reduce(tensor: torch.Tensor, dst: int | None = None, op=ReduceOp.SUM, group=
     if comm is None:
         return None
     root = _group_rank_of(comm, dst, group_dst, "dst", "reduce")
-    return comm.run(lambda: comm.reduce(tensor, root, op_), async_op, tensor)
+    return comm.run(lambda: comm.reduce(tensor, root, op_), async_op, tensor, "reduce", tensor)
 
 
 def barrier(group=None, async_op: bool = False):
@@ -192,7 +193,7 @@ def barrier(group=None, async_op: bool = False):
     comm = _comm(group, "barrier")
     if comm is None:
         return None
-    return comm.run(comm.barrier, async_op)
+    return comm.run(comm.barrier, async_op, None, "barrier")
 
 
 __all__ = [

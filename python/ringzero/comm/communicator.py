@@ -22,7 +22,8 @@ import torch
 import torch.distributed as dist
 
 from .. import _C
-from .errors import CommError, CommTimeout
+from .errors import CollectiveMismatch, CommError, CommTimeout
+from .flight import FlightRecorder
 from .ring import P2PRing
 from .types import ReduceOp
 from .work import Work
@@ -77,6 +78,7 @@ class Communicator:
             raise ValueError(f"RINGZERO_ALLREDUCE_ALGO={algo!r}: use one of {', '.join(ALGOS)}")
         self.algo = ALGOS[algo]
         self.seq = 0
+        self.flight = FlightRecorder(dist.get_rank(), f"group of {self.world} ranks {self.global_ranks[:8]}")
         self.shm = None
         self._lock = threading.Lock()
         self._pending = 0
@@ -162,16 +164,30 @@ class Communicator:
             raise CommError(f"ringzero could not set up shared memory: {errors}")
 
     # ---- execution ---------------------------------------------------------------------------------
-    def run(self, fn, async_op: bool, result=None):
-        """Runs fn in call order: inline when nothing is pending, else behind the pending calls."""
+    def run(self, fn, async_op: bool, result=None, op: str = "collective", tensor=None):
+        """Runs fn in call order: inline when nothing is pending, else behind the pending calls.
+        Each call is logged in the flight recorder; a timeout or mismatch dumps it and names the file."""
         self.seq += 1
+        entry = self.flight.start(self.seq, op, tensor)
         if not async_op:
             if self._pending == 0:  # read under the GIL; only the calling thread submits
-                fn()
+                self._logged(fn, entry)
                 return None
-            self._submit(fn).result()
+            self._submit(lambda: self._logged(fn, entry)).result()
             return None
-        return Work(self._submit(fn), result)
+        return Work(self._submit(lambda: self._logged(fn, entry)), result)
+
+    def _logged(self, fn, entry):
+        try:
+            fn()
+        except (CommTimeout, CollectiveMismatch) as e:
+            self.flight.end(entry, type(e).__name__)
+            path = self.flight.dump(f"{entry[1]} #{entry[0]}: {type(e).__name__}")
+            raise type(e)(f"{e}\nflight recorder of this rank: {path}") from e
+        except BaseException as e:
+            self.flight.end(entry, type(e).__name__)
+            raise
+        self.flight.end(entry)
 
     def _submit(self, fn) -> concurrent.futures.Future:
         with self._lock:
