@@ -25,10 +25,11 @@ from .. import _C
 from .errors import CollectiveMismatch, CommError, CommTimeout
 from .flight import FlightRecorder
 from .ring import P2PRing
-from .types import ReduceOp
+from .types import SUPPORTED_DTYPES, ReduceOp
 from .work import Work
 
 ALGOS = {"auto": 0, "oneshot": 1, "twoshot": 2, "ring": 3}
+_OP_CODES = {"barrier": 0, "all_reduce": 1, "reduce_scatter": 2, "all_gather": 3, "broadcast": 4, "reduce": 5}
 
 
 def _env_float(name: str, default: float) -> float:
@@ -77,7 +78,11 @@ class Communicator:
         if algo not in ALGOS:
             raise ValueError(f"RINGZERO_ALLREDUCE_ALGO={algo!r}: use one of {', '.join(ALGOS)}")
         self.algo = ALGOS[algo]
-        self.seq = 0
+        # Fingerprint checks are always on for shared memory (free there); on the network paths they cost
+        # one small all-gather per call, so they run only with RINGZERO_DEBUG=1.
+        self.debug = os.environ.get("RINGZERO_DEBUG", "0") not in ("", "0")
+        self.seq = 0  # calls submitted
+        self._running_seq = 0
         self.flight = FlightRecorder(dist.get_rank(), f"group of {self.world} ranks {self.global_ranks[:8]}")
         self.shm = None
         self._lock = threading.Lock()
@@ -178,6 +183,9 @@ class Communicator:
         return Work(self._submit(lambda: self._logged(fn, entry)), result)
 
     def _logged(self, fn, entry):
+        # Calls execute one at a time (inline or on the worker), so this is the running call's number,
+        # which with async_op can lag self.seq (the number of calls submitted).
+        self._running_seq = entry[0]
         try:
             fn()
         except (CommTimeout, CollectiveMismatch) as e:
@@ -210,20 +218,43 @@ class Communicator:
         self.shm = None
 
     def _label(self, op: str) -> str:
-        return f"{op} (sequence number {self.seq})"
+        return f"{op} (sequence number {self._running_seq})"
 
-    # ---- collectives on flat contiguous tensors ----------------------------------------------------
+    def _network(self, op: str, x: torch.Tensor, root: int = -1, reduce_op=None) -> P2PRing:
+        """The flat ring, after (with RINGZERO_DEBUG=1) checking that every rank calls the same thing."""
+        ring = self.flat_ring
+        if self.debug:
+            fields = [self._running_seq, _OP_CODES[op], SUPPORTED_DTYPES.index(x.dtype), x.numel(), root,
+                      -1 if reduce_op is None else int(reduce_op)]
+            mine = torch.tensor(fields, dtype=torch.int64)
+            table = torch.empty(self.world * len(fields), dtype=torch.int64)
+            ring.begin(self._label(f"{op} fingerprint check"))
+            ring.all_gather(mine, table)
+            rows = table.view(self.world, len(fields)).tolist()
+            if any(row != rows[0] for row in rows):
+                names = {v: k for k, v in _OP_CODES.items()}
+                lines = [f"  {r:>4} | {names.get(row[1], '?'):<14} | {row[0]:>4} | "
+                         f"{str(SUPPORTED_DTYPES[row[2]]).replace('torch.', ''):<8} | {row[3]:>10} | {row[5]:>2} | {row[4]}"
+                         for r, row in enumerate(rows)]
+                raise CollectiveMismatch(
+                    f"ringzero collective mismatch detected on group rank {self.rank} (RINGZERO_DEBUG=1): ranks "
+                    "called different collectives at the same point.\n  rank | op             | seq  | dtype    "
+                    "| count      | op | root\n" + "\n".join(lines))
+        ring.begin(self._label(op))
+        return ring
+
+    # ---- collectives on contiguous tensors (any shape: the native paths use numel and data) -------
     def all_reduce(self, x: torch.Tensor, op: ReduceOp):
         if self.world == 1:
             return
         if self.single_host:
             self.shm.all_reduce(x, x, int(op), self.algo)
             return
-        x = x.view(-1)  # the Python rings slice flat buffers; the native paths take any contiguous shape
+        x = x.view(-1)  # the Python rings slice flat buffers
         base, divisor = (ReduceOp.SUM, self.world) if op == ReduceOp.AVG else (op, 1)
+        ring = self._network("all_reduce", x, reduce_op=op)
         if not self.hierarchical:
-            self.flat_ring.begin(self._label("all_reduce"))
-            self.flat_ring.all_reduce(x, base, divisor)
+            ring.all_reduce(x, base, divisor)
             return
         # Hierarchical: reduce-scatter in the host, one ring per local rank across hosts, all-gather.
         L = self.local_world
@@ -246,8 +277,8 @@ class Communicator:
                 self.shm.reduce_scatter(inp, out, int(op))
             return
         base, divisor = (ReduceOp.SUM, self.world) if op == ReduceOp.AVG else (op, 1)
-        self.flat_ring.begin(self._label("reduce_scatter"))
-        self.flat_ring.reduce_scatter(inp.view(-1), out.view(-1), base, divisor)
+        ring = self._network("reduce_scatter", inp, reduce_op=op)
+        ring.reduce_scatter(inp.view(-1), out.view(-1), base, divisor)
 
     def all_gather(self, out: torch.Tensor, inp: torch.Tensor, counts: list[int] | None = None):
         if self.single_host:
@@ -258,8 +289,7 @@ class Communicator:
             else:
                 self.shm.all_gather_v(inp, out, counts)
             return
-        self.flat_ring.begin(self._label("all_gather"))
-        self.flat_ring.all_gather(inp.view(-1), out.view(-1), counts)
+        self._network("all_gather", out).all_gather(inp.view(-1), out.view(-1), counts)
 
     def broadcast(self, x: torch.Tensor, root: int):
         if self.world == 1:
@@ -267,8 +297,7 @@ class Communicator:
         if self.single_host:
             self.shm.broadcast(x, root)
             return
-        self.flat_ring.begin(self._label("broadcast"))
-        self.flat_ring.broadcast(x.view(-1), root)
+        self._network("broadcast", x, root=root).broadcast(x.view(-1), root)
 
     def reduce(self, x: torch.Tensor, root: int, op: ReduceOp):
         if self.world == 1:
@@ -277,9 +306,8 @@ class Communicator:
             self.shm.reduce(x, x, int(op), root)
             return
         base, divisor = (ReduceOp.SUM, self.world) if op == ReduceOp.AVG else (op, 1)
-        self.flat_ring.begin(self._label("reduce"))
         x = x.view(-1)
-        self.flat_ring.reduce(x, x, root, base, divisor)
+        self._network("reduce", x, root=root, reduce_op=op).reduce(x, x, root, base, divisor)
 
     def barrier(self):
         if self.world == 1:
@@ -287,8 +315,7 @@ class Communicator:
         if self.single_host:
             self.shm.barrier()
             return
-        self.flat_ring.begin(self._label("barrier"))
-        self.flat_ring.barrier()
+        self._network("barrier", torch.empty(0, dtype=torch.uint8)).barrier()
 
 
 def _rendezvous_store(group, generation: int):
