@@ -271,12 +271,22 @@ def test_cli_prints_every_term_and_names_the_formula(capsys):
     (["--ringzero-gpt", "--world", "8", "--strategy", "pp", "--pp", "8"], "exceed the model's 4 layers"),
     (["--params", "1B", "--dtype", "int3"], "dtype='int3' is not a known dtype"),
     (["--params", "1B", "--intra-gbps", "100"], "needs all of --intra-gbps --inter-gbps --latency-us"),
+    (["--params", "1B", "--cluster", "8xH100", "--gpu-mem-gb", "-1"], "--gpu-mem-gb must be a positive number"),
+    (["--params", "1B", "--world", "2", "--bucket-mb", "0"], "--bucket-mb must be a positive number"),
+    (["--params", "1B", "--world", "12", "--intra-gbps", "900", "--inter-gbps", "400", "--latency-us", "3"],
+     "world=12 does not fill whole 8-GPU nodes"),
 ])
 def test_cli_errors_are_clear(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:
         main(argv)
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_cli_gpu_memory_override_keeps_the_preset_links(capsys):
+    main(["--params", "1B", "--cluster", "16xH100", "--gpu-mem-gb", "40"])
+    out = capsys.readouterr().out
+    assert "40 GB per GPU" in out and "inter-node 50.0 GB/s per GPU per direction (400 Gb/s), 5.0 us" in out
 
 
 def test_library_errors_name_the_argument():

@@ -3,6 +3,8 @@ line. Every check lives in the library (ValueError); here they become usage erro
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import math
 import re
 
 from .core import estimate, largest_model
@@ -124,8 +126,9 @@ def _cluster(args):
                              "--gpus-per-node (or leave out --cluster)")
         cluster, count = parse_cluster(args.cluster)
         if args.gpu_mem_gb is not None:
-            cluster = custom_cluster(cluster.intra.bytes_per_s * 8e-9, cluster.inter.bytes_per_s * 8e-9,
-                                     cluster.intra.latency_s * 1e6, cluster.gpus_per_node, args.gpu_mem_gb)
+            if not (args.gpu_mem_gb > 0 and math.isfinite(args.gpu_mem_gb)):
+                raise ValueError(f"--gpu-mem-gb must be a positive number, got {args.gpu_mem_gb!r}")
+            cluster = dataclasses.replace(cluster, gpu_mem_bytes=int(args.gpu_mem_gb * 1e9))
         return cluster, count
     if custom:
         if len(custom) < 3:
@@ -143,6 +146,8 @@ def _plans(args, world: int) -> list[Plan]:
     bad = [s for s in names if s not in STRATEGIES]
     if bad or not names:
         raise ValueError(f"--strategy {args.strategy!r}: use one or more of {', '.join(STRATEGIES)} (or 'all')")
+    if not (args.bucket_mb > 0 and math.isfinite(args.bucket_mb)):
+        raise ValueError(f"--bucket-mb must be a positive number of MiB, got {args.bucket_mb!r}")
     plans = []
     for name in names:
         pp = (args.pp if args.pp is not None else 2) if name.startswith("pp") else 1
