@@ -58,6 +58,7 @@ def memory_lines(est: Estimate) -> list[str]:
     for name, b in st.transient_terms.items():
         lines.append(f"  {'transient: ' + name:<{width}}{fmt_bytes(b):>11}")
     lines.append(f"  {'total':<{width}}{fmt_bytes(st.total_bytes):>11}")
+    lines.append("  (all terms at once: gradients counted as allocated throughout, as bucketed reductions keep them)")
     return lines
 
 
