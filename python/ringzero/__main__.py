@@ -5,6 +5,7 @@ import sys
 
 COMMANDS = {
     "bench": ("ringzero.bench", "collectives microbenchmark against gloo"),
+    "estimate": ("ringzero.estimate", "memory per GPU and communication per step of a training plan"),
 }
 
 
