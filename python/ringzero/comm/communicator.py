@@ -17,6 +17,7 @@ import datetime
 import os
 import socket
 import threading
+import time
 
 import torch
 import torch.distributed as dist
@@ -82,6 +83,7 @@ class Communicator:
         # one small all-gather per call, so they run only with RINGZERO_DEBUG=1.
         self.debug = os.environ.get("RINGZERO_DEBUG", "0") not in ("", "0")
         self.seq = 0  # calls submitted
+        self.busy_s = 0.0  # seconds spent inside collectives (overlapped async time included)
         self._running_seq = 0
         self.flight = FlightRecorder(dist.get_rank(), f"group of {self.world} ranks {self.global_ranks[:8]}")
         self.shm = None
@@ -186,6 +188,7 @@ class Communicator:
         # Calls execute one at a time (inline or on the worker), so this is the running call's number,
         # which with async_op can lag self.seq (the number of calls submitted).
         self._running_seq = entry[0]
+        t0 = time.perf_counter()
         try:
             fn()
         except (CommTimeout, CollectiveMismatch) as e:
@@ -195,6 +198,8 @@ class Communicator:
         except BaseException as e:
             self.flight.end(entry, type(e).__name__)
             raise
+        finally:
+            self.busy_s += time.perf_counter() - t0
         self.flight.end(entry)
 
     def _submit(self, fn) -> concurrent.futures.Future:
@@ -345,6 +350,12 @@ def get_communicator(group, op: str = "collective") -> Communicator:
     with _COMMS_LOCK:
         _COMMS[id(group)] = comm
     return comm
+
+
+def comm_seconds() -> float:
+    """Seconds this process has spent inside ringzero collectives, over all communicators."""
+    with _COMMS_LOCK:
+        return sum(c.busy_s for c in _COMMS.values())
 
 
 def destroy_communicators():
