@@ -46,7 +46,8 @@ CASES = {
 }
 
 
-def run_case(opts, seed=0):
+def run_case(opts, seed=0, device="cpu"):
+    """Runs one case on `device`; returns (our params, float64 reference params on the CPU, options)."""
     o = {**BASE, **opts}
     gen = torch.Generator().manual_seed(seed)
     init = [torch.randn(n, generator=gen, dtype=torch.float64) for n in SIZES]
@@ -54,20 +55,20 @@ def run_case(opts, seed=0):
     ref_cls = torch.optim.AdamW if o["adamw"] else torch.optim.Adam
     ref_opt = ref_cls(ref, lr=LR, betas=BETAS, eps=EPS, weight_decay=o["wd"], amsgrad=o["amsgrad"],
                       maximize=o["maximize"], foreach=False)
-    params = [t.float() for t in init]
-    outs = [torch.empty(n, dtype=o["master"]) for n in SIZES] if o["master"] else None
-    zeros = lambda: [torch.zeros(n, dtype=o["moments"]) for n in SIZES]  # noqa: E731
+    params = [t.float().to(device) for t in init]
+    outs = [torch.empty(n, dtype=o["master"], device=device) for n in SIZES] if o["master"] else None
+    zeros = lambda: [torch.zeros(n, dtype=o["moments"], device=device) for n in SIZES]  # noqa: E731
     m, v = zeros(), zeros()
     vmax = zeros() if o["amsgrad"] else None
     step = 0
     for k in range(STEPS):
         scale = o["loss_scale"] or 1.0
-        grads = [(torch.randn(n, generator=gen, dtype=torch.float64) * scale).to(o["grad"]) for n in SIZES]
+        grads = [(torch.randn(n, generator=gen, dtype=torch.float64) * scale).to(o["grad"]).to(device) for n in SIZES]
         bad = k in o["inf_steps"]
         if bad:
             grads[3][k % 1031] = float("nan") if k % 2 else float("inf")
-        inv = torch.tensor(1.0 / scale) if o["loss_scale"] else None
-        found = torch.zeros(1) if o["inf_steps"] else None
+        inv = torch.tensor(1.0 / scale, device=device) if o["loss_scale"] else None
+        found = torch.zeros(1, device=device) if o["inf_steps"] else None
         coef = None
         if o["max_norm"] is not None or found is not None:
             sumsq = ops.sum_squares(grads, inv_scale=inv, found_inf=found)
@@ -75,7 +76,8 @@ def run_case(opts, seed=0):
                 coef = ops.clip_coef(sumsq, o["max_norm"])
         assert found is None or bool(found.item()) == bad, f"step {k}: found_inf={found.item()} but bad={bad}"
         before = [t.clone() for t in params + m + v]
-        lr, nxt = (torch.tensor(LR), torch.tensor(float(step + 1))) if o["tensor_scalars"] else (LR, step + 1)
+        lr, nxt = ((torch.tensor(LR, device=device), torch.tensor(float(step + 1), device=device))
+                   if o["tensor_scalars"] else (LR, step + 1))
         ops.adam_step_multi_(params, grads, m, v, lr=lr, beta1=BETAS[0], beta2=BETAS[1], eps=EPS,
                              weight_decay=o["wd"], step=nxt, adamw=o["adamw"], maximize=o["maximize"],
                              inv_scale=inv, clip_coef=coef, found_inf=found, param_outs=outs,
@@ -86,7 +88,7 @@ def run_case(opts, seed=0):
             continue
         step += 1
         for r, g in zip(ref, grads):
-            r.grad = g.double() / scale
+            r.grad = g.double().cpu() / scale
         if o["max_norm"] is not None:
             torch.nn.utils.clip_grad_norm_(ref, o["max_norm"])
         ref_opt.step()
@@ -100,7 +102,7 @@ def run_case(opts, seed=0):
 def test_adam_step_matches_float64_reference(name):
     params, ref, o = run_case(CASES[name])
     for n, p, r in zip(SIZES, params, ref):
-        err = (p.double() - r.detach()).abs().max().item() if n else 0.0
+        err = (p.double().cpu() - r.detach()).abs().max().item() if n else 0.0
         assert err <= o["atol"], f"{name}: size {n}: max |ours - float64 torch| = {err:.3g} > {o['atol']}"
 
 

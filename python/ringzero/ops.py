@@ -166,7 +166,8 @@ def sum_squares(tensors: Sequence[torch.Tensor], *, inv_scale=None, found_inf=No
     out = torch.zeros((), dtype=torch.float32, device=device)
     _C.sum_squares_list_(out, tensors, found_inf)
     if inv_scale is not None:
-        out.mul_(inv_scale * inv_scale)
+        inv = inv_scale.reshape(()) if isinstance(inv_scale, torch.Tensor) else inv_scale
+        out.mul_(inv * inv)
     return out
 
 
