@@ -39,29 +39,30 @@ def sync(device):
         torch.cuda.synchronize()
 
 
-def timed(fn, device, reps, setup=None):
-    """Median seconds of fn over reps runs, after two warm-up runs; setup() runs untimed before each."""
-    for _ in range(2):
-        if setup:
-            setup()
-        fn()
-    times = []
-    for _ in range(reps):
-        if setup:
-            setup()
-        sync(device)
-        t0 = time.perf_counter()
-        fn()
-        sync(device)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+def timed_round_robin(fns, device, reps, setups=None):
+    """Median seconds of each fn over reps runs, after two warm-up runs. The fns take turns within each
+    rep, so load from other work on a shared machine falls on all of them alike. setups[i]() runs
+    untimed before each run of fns[i]."""
+    setups = setups or [None] * len(fns)
+    times = [[] for _ in fns]
+    for rep in range(reps + 2):
+        for i, fn in enumerate(fns):
+            if setups[i]:
+                setups[i]()
+            sync(device)
+            t0 = time.perf_counter()
+            fn()
+            sync(device)
+            if rep >= 2:
+                times[i].append(time.perf_counter() - t0)
+    return [statistics.median(t) for t in times]
 
 
 def copy_bandwidth(device, reps):
     """Bytes per second of a large device copy (read + write), the reference for the floor."""
     n = 64 << 20
     src, dst = torch.ones(n, device=device), torch.empty(n, device=device)
-    t = timed(lambda: dst.copy_(src), device, reps)
+    (t,) = timed_round_robin([lambda: dst.copy_(src)], device, reps)
     return 8 * n / t
 
 
@@ -76,18 +77,18 @@ def rand(n, dtype, device):
 
 def case_a(n, device, reps):
     """Rows: (name, seconds) for plain float32 AdamW."""
-    rows = []
-    for name in ("torch foreach", "torch fused", "ringzero"):
+    names = ("torch foreach", "torch fused", "ringzero")
+    opts = []
+    for name in names:
         params = [p.requires_grad_() for p in split(n, device, torch.float32, rand)]
         for p in params:
             p.grad = rand(p.numel(), torch.float32, device)
         if name == "ringzero":
-            opt = FusedAdamW(params, **HYPER)
+            opts.append(FusedAdamW(params, **HYPER))
         else:
-            opt = torch.optim.AdamW(params, foreach=name == "torch foreach", fused=name == "torch fused", **HYPER)
-        rows.append((name, timed(opt.step, device, reps)))
-        del opt, params
-    return rows
+            opts.append(torch.optim.AdamW(params, foreach=name == "torch foreach", fused=name == "torch fused",
+                                          **HYPER))
+    return list(zip(names, timed_round_robin([o.step for o in opts], device, reps)))
 
 
 def case_b(n, device, reps):
@@ -108,8 +109,6 @@ def case_b(n, device, reps):
                        weight_decay=HYPER["weight_decay"], step=step[0], inv_scale=inv_scale,
                        clip_coef=ops.clip_coef(sumsq, MAX_NORM), found_inf=found, param_out=param16)
 
-    t_ours = timed(ours, device, reps)
-    del m, v
 
     # torch: separate passes; the unscale and clip rewrite the bfloat16 grads in place, so they are
     # restored from grad16 before each run, untimed.
@@ -127,7 +126,7 @@ def case_b(n, device, reps):
             opt.step()  # 28 B
         param16.copy_(tmaster.detach())  # read 4, write 2
 
-    t_theirs = timed(theirs, device, reps, setup=lambda: work16.copy_(grad16))
+    t_theirs, t_ours = timed_round_robin([theirs, ours], device, reps, setups=[lambda: work16.copy_(grad16), None])
     return [("torch sequence", t_theirs), ("ringzero", t_ours)]
 
 
@@ -149,7 +148,10 @@ def main():
     ap.add_argument("--sizes", default="1M,16M,128M")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--reps", type=int, default=0, help="timed runs per row (default: by size)")
+    ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (default: torch's choice)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         sys.exit("--device cuda: CUDA is not available here")
