@@ -10,6 +10,7 @@
 
 #include "core/adam.h"
 #include "core/half.h"
+#include "test_util.h"
 
 using namespace ringzero;
 
@@ -19,17 +20,6 @@ const AdamTable* adam_table_avx2();
 const AdamTable* adam_table_avx512();
 }  // namespace ringzero
 
-static int g_failures = 0;
-#define CHECK(cond, ...)                                        \
-  do {                                                          \
-    if (!(cond)) {                                              \
-      ++g_failures;                                             \
-      std::fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-      std::fprintf(stderr, __VA_ARGS__);                        \
-      std::fprintf(stderr, "\n");                               \
-    }                                                           \
-  } while (0)
-
 // Values stored in `dtype`, kept as raw bytes; read back as double.
 struct Buf {
   DType t;
@@ -37,16 +27,8 @@ struct Buf {
   Buf(DType dt, const std::vector<double>& v) : t(dt), bytes(v.size() * dtype_size(dt)) {
     for (size_t i = 0; i < v.size(); ++i) set(i, v[i]);
   }
-  void set(size_t i, double x) {
-    if (t == DType::F32) reinterpret_cast<float*>(bytes.data())[i] = static_cast<float>(x);
-    if (t == DType::BF16) reinterpret_cast<uint16_t*>(bytes.data())[i] = f32_to_bf16(static_cast<float>(x));
-    if (t == DType::F16) reinterpret_cast<_Float16*>(bytes.data())[i] = static_cast<_Float16>(x);
-  }
-  double get(size_t i) const {
-    if (t == DType::F32) return reinterpret_cast<const float*>(bytes.data())[i];
-    if (t == DType::BF16) return bf16_to_f32(reinterpret_cast<const uint16_t*>(bytes.data())[i]);
-    return static_cast<double>(reinterpret_cast<const _Float16*>(bytes.data())[i]);
-  }
+  void set(size_t i, double x) { put(bytes.data(), i, t, x); }
+  double get(size_t i) const { return ringzero::get(bytes.data(), i, t); }
   void* data() { return bytes.data(); }
 };
 
