@@ -117,7 +117,10 @@ def test_state_dict_round_trips_with_torch_adamw(amsgrad):
     assert torch_opt2.state_dict()["state"].keys() == ours.state_dict()["state"].keys()
 
 
-def test_grad_scaler_skips_and_unscales_like_torch():
+@pytest.mark.parametrize("unscale_first", [False, True])
+def test_grad_scaler_skips_and_unscales_like_torch(unscale_first):
+    """unscale_first: the user calls scaler.unscale_(opt) before step (as for clipping), so the step gets
+    unscaled gradients and the inf check recorded by GradScaler."""
     ours, _ = make_params(torch.float32, seed=8)
     theirs = [p.detach().clone().requires_grad_() for p in ours]
     opt = FusedAdamW(ours, lr=1e-2)
@@ -135,6 +138,9 @@ def test_grad_scaler_skips_and_unscales_like_torch():
                 p.grad = None
             loss = sum((p * t).sum() for p, t in zip(params, targets))
             sc.scale(loss).backward()  # grads = targets * scale
+        if unscale_first:
+            scaler.unscale_(opt)
+            ref_scaler.unscale_(ref_opt)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # GradScaler announces a future calling convention
             scaler.step(opt)
