@@ -79,7 +79,8 @@ def adam_step_(param, grad, exp_avg, exp_avg_sq, *, lr, beta1, beta2, eps, weigh
     numbers or one-element tensors; CUDA tensors are read by the kernel (no host sync, graph-capturable).
     found_inf non-zero skips the whole step (nothing is written). Semantics match torch.optim.Adam/AdamW
     (maximize negates the gradient, Adam's weight_decay is added to it, AdamW's decays the param).
-    Called by any single process; no communication.
+    Called by any single process; no communication. CPU speed: buffers whose addresses are equal modulo
+    4 KiB slow the loop (4K aliasing); FusedAdam skews its flat buffers, callers owning theirs should too.
     """
     adam_step_multi_([param], [grad], [exp_avg], [exp_avg_sq], lr=lr, beta1=beta1, beta2=beta2, eps=eps,
                      weight_decay=weight_decay, step=step, adamw=adamw, maximize=maximize, inv_scale=inv_scale,
