@@ -9,8 +9,8 @@
     usual sequence of separate passes (GradScaler's non-finite check and unscale, clip_grad_norm_,
     cast of the grads to float32, fused AdamW on the masters, copy to the bfloat16 params).
 
-The floor is bytes moved / the device's copy bandwidth measured in the same run (a large copy_:
-read + write counted). Prints time (median), GB/s counted with our bytes per parameter, the fraction
+The floor is bytes moved / the memory bandwidth measured in the same run (the faster of a large copy_
+and an in-place add_, every byte read or written counted). Prints time (median), GB/s counted with our bytes per parameter, the fraction
 of the floor, and the speed ratio baseline_time / our_time.
 
     python benchmarks/optim.py [--sizes 1M,16M,128M] [--device cpu|cuda]
@@ -58,12 +58,14 @@ def timed_round_robin(fns, device, reps, setups=None):
     return [statistics.median(t) for t in times]
 
 
-def copy_bandwidth(device, reps):
-    """Bytes per second of a large device copy (read + write), the reference for the floor."""
+def memory_bandwidth(device, reps):
+    """Bytes per second of the faster of two large streaming ops, the reference for the floor: a copy
+    (read + write counted) and an in-place add (two reads, one write), which is closer to Adam's
+    read-modify-write pattern."""
     n = 64 << 20
-    src, dst = torch.ones(n, device=device), torch.empty(n, device=device)
-    (t,) = timed_round_robin([lambda: dst.copy_(src)], device, reps)
-    return 8 * n / t
+    a, b = torch.ones(n, device=device), torch.empty(n, device=device)
+    t_copy, t_add = timed_round_robin([lambda: b.copy_(a), lambda: b.add_(a)], device, reps)
+    return max(8 * n / t_copy, 12 * n / t_add)
 
 
 def split(n, device, dtype, fill):
@@ -93,12 +95,12 @@ def case_a(n, device, reps):
 
 def case_b(n, device, reps):
     """Rows for the mixed-precision step (flat buffers, as ZeRO holds its shard)."""
-    master = rand(n, torch.float32, device)
-    param16 = master.to(torch.bfloat16)
-    grad16 = rand(n, torch.bfloat16, device) * 1024
+    # Our buffers as ZeRO would hold them: ops.flat_buffer skews each so they do not alias modulo 4 KiB.
+    master = ops.flat_buffer(n, torch.float32, device, 0).copy_(rand(n, torch.float32, device))
+    param16 = ops.flat_buffer(n, torch.bfloat16, device, 1).copy_(master)
+    grad16 = ops.flat_buffer(n, torch.bfloat16, device, 2).copy_(rand(n, torch.bfloat16, device) * 1024)
+    m, v = ops.flat_buffer(n, torch.float32, device, 3), ops.flat_buffer(n, torch.float32, device, 4)
     inv_scale = torch.full((1,), 1.0 / 1024, device=device)
-
-    m, v = torch.zeros_like(master), torch.zeros_like(master)
     step = [0]
 
     def ours():
@@ -155,10 +157,10 @@ def main():
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         sys.exit("--device cuda: CUDA is not available here")
-    bw = copy_bandwidth(device, 10)
+    bw = memory_bandwidth(device, 10)
     where = torch.cuda.get_device_name() if device.type == "cuda" else \
         f"CPU, {torch.get_num_threads()} threads, ISA {ringzero._C.adam_isa()}"
-    print(f"# device: {where}; copy bandwidth {bw / 1e9:.1f} GB/s (read+write); torch {torch.__version__}; "
+    print(f"# device: {where}; memory bandwidth {bw / 1e9:.1f} GB/s (best of copy_, add_); torch {torch.__version__}; "
           f"load average {os.getloadavg()[0]:.1f}")
     print(f"{'case':5} {'params':>8} {'impl':16} {'B/param':>7} {'time ms':>9} {'GB/s':>7} {'floor':>6} "
           f"{'vs torch fused/seq':>18} {'vs foreach':>10}")
@@ -171,7 +173,7 @@ def main():
             for name, t in rows:
                 bpp = bytes_per_param(case, name)
                 gbs = bpp * n / t / 1e9
-                floor = 28 * n / bw if case == "a" else 30 * n / bw  # the fused pass's bytes at copy speed
+                floor = 28 * n / bw if case == "a" else 30 * n / bw  # the fused step's bytes at the measured bandwidth
                 ratio = f"{base / t:.2f}x" if name == "ringzero" else ""
                 fe = f"{times['torch foreach'] / t:.2f}x" if name == "ringzero" and "torch foreach" in times else ""
                 print(f"{case:5} {s:>8} {name:16} {bpp:7d} {t * 1e3:9.2f} {gbs:7.1f} {floor / t:6.2f} "

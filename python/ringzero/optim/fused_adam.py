@@ -27,19 +27,6 @@ class _Bucket:
     master: torch.Tensor | None  # 1D float32; master_weights with 16-bit params only
 
 
-# Large allocations start at the same offset within a 4 KiB page. Buffers read and written in the same
-# loop at equal page offsets make the CPU mistake loads for dependants of earlier stores ("4K aliasing");
-# measured on the 2-core AVX-512 machine, 16M float32 params single-threaded: 11.4 ms aligned vs 9.6 ms
-# skewed. So the k-th flat buffer of a bucket starts k KiB into its allocation.
-_SKEW_BYTES = 1024
-
-
-def _flat(numel, dtype, device, k):
-    """A zeroed 1D buffer of numel elements whose start is skewed by k * _SKEW_BYTES (see above)."""
-    skew = k * _SKEW_BYTES // torch.empty((), dtype=dtype).element_size() if device.type == "cpu" else 0
-    return torch.zeros(numel + skew, dtype=dtype, device=device)[skew:]
-
-
 class FusedAdam(torch.optim.Optimizer):
     """Adam (decoupled_weight_decay=False) or AdamW, same arguments and semantics as torch.optim.Adam.
 
@@ -99,9 +86,10 @@ class FusedAdam(torch.optim.Optimizer):
         for (device, dtype), params in by_key.items():
             total = sum(p.numel() for p in params)
             with_master = self.master_weights and dtype != torch.float32
-            b = _Bucket(params, _flat(total, self.moment_dtype, device, 0), _flat(total, self.moment_dtype, device, 1),
-                        _flat(total, self.moment_dtype, device, 2) if group["amsgrad"] else None,
-                        _flat(total, torch.float32, device, 3) if with_master else None)
+            flat = lambda dt, k: ops.flat_buffer(total, dt, device, k)  # noqa: E731
+            b = _Bucket(params, flat(self.moment_dtype, 0), flat(self.moment_dtype, 1),
+                        flat(self.moment_dtype, 2) if group["amsgrad"] else None,
+                        flat(torch.float32, 3) if with_master else None)
             offset = 0
             for p in params:
                 n = p.numel()
