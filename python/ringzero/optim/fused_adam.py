@@ -115,9 +115,9 @@ class FusedAdam(torch.optim.Optimizer):
         # CPU params: a CPU step, as torch.optim.AdamW keeps it. CUDA params: on the device, so the skip
         # on found_inf (step -= found_inf) needs no host sync.
         where = device if device.type == "cuda" else torch.device("cpu")
-        value = 0.0 if step is None else step
-        return torch.tensor(float(value), dtype=torch.float32, device=where) if not isinstance(value, torch.Tensor) \
-            else value.detach().to(dtype=torch.float32, device=where).reshape(()).clone()
+        if isinstance(step, torch.Tensor):
+            return step.detach().to(dtype=torch.float32, device=where).reshape(()).clone()
+        return torch.tensor(float(step or 0.0), dtype=torch.float32, device=where)
 
     def _ensure_state(self):
         for group in self.param_groups:
