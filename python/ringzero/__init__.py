@@ -7,11 +7,12 @@
 from .comm import (CollectiveMismatch, CommError, CommTimeout, Communicator, ReduceOp, Work, all_gather_into_tensor,
                    all_gather_single, all_gather_v, all_reduce, barrier, broadcast, comm_seconds, destroy_communicators,
                    get_communicator, reduce, reduce_scatter_single, reduce_scatter_tensor)
+from . import ops, optim
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ReduceOp", "Work", "CommError", "CommTimeout", "CollectiveMismatch", "Communicator", "get_communicator",
-    "destroy_communicators", "comm_seconds", "all_reduce", "reduce_scatter_single", "reduce_scatter_tensor", "all_gather_single",
-    "all_gather_into_tensor", "all_gather_v", "broadcast", "reduce", "barrier",
+    "destroy_communicators", "comm_seconds", "all_reduce", "reduce_scatter_single", "reduce_scatter_tensor",
+    "all_gather_single", "all_gather_into_tensor", "all_gather_v", "broadcast", "reduce", "barrier", "ops", "optim",
 ]
