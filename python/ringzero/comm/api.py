@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from . import cuda
 from .communicator import get_communicator
 from .types import SUPPORTED_DTYPES, ReduceOp, to_reduce_op
 from .work import Work
@@ -26,19 +27,30 @@ def _resolve_group(group, op: str):
     return group
 
 
-def _check_tensor(t, arg: str, op: str):
+def _check_tensor(t, arg: str, op: str, cuda_kernel: bool = False):
+    """cuda_kernel: the op has CUDA kernels (all_reduce, reduce-scatter, all-gather), which take fewer dtypes."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"ringzero.{op}: {arg} must be a torch.Tensor, got {type(t).__name__}")
     if t.dtype not in SUPPORTED_DTYPES:
         names = ", ".join(str(d).replace("torch.", "") for d in SUPPORTED_DTYPES)
         raise TypeError(f"ringzero.{op}: {arg} has dtype {t.dtype}, which ringzero does not support; use one of {names}")
-    if t.device.type != "cpu":
+    if t.device.type == "cuda":
+        cuda.check_available(op, arg)
+        if cuda_kernel and t.dtype not in cuda.CUDA_DTYPES:
+            raise TypeError(f"ringzero.{op}: {arg} is a CUDA tensor of dtype {t.dtype}; the CUDA collectives take "
+                            "float32, bfloat16, float16, int32 or int64 (convert it, or use torch.distributed)")
+    elif t.device.type != "cpu":
         raise ValueError(
-            f"ringzero.{op}: {arg} is on {t.device}, but this build of ringzero runs collectives on CPU "
-            f"tensors only; move it with {arg}.cpu()"
+            f"ringzero.{op}: {arg} is on {t.device}; ringzero runs collectives on CPU and CUDA tensors only; "
+            f"move it with {arg}.cpu()"
         )
     if not t.is_contiguous():
         raise ValueError(f"ringzero.{op}: {arg} must be contiguous; pass {arg}.contiguous()")
+
+
+def _check_same_device(out, inp, op: str):
+    if out.device != inp.device:
+        raise ValueError(f"ringzero.{op}: output is on {out.device} but input is on {inp.device}; put both on one device")
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
@@ -67,9 +79,10 @@ def _member(group) -> bool:
 
 def all_reduce(tensor: torch.Tensor, op=ReduceOp.SUM, group=None, async_op: bool = False):
     """Reduces `tensor` in place across all ranks of `group` (every rank must call it with the same
-    dtype and numel). Returns a Work handle when async_op=True, else None."""
+    dtype and numel). CPU or CUDA tensors (CUDA: float32, bfloat16, float16, int32, int64; see
+    comm/cuda.py for streams). Returns a Work handle when async_op=True, else None."""
     op_ = to_reduce_op(op)
-    _check_tensor(tensor, "tensor", "all_reduce")
+    _check_tensor(tensor, "tensor", "all_reduce", cuda_kernel=True)
     g = _resolve_group(group, "all_reduce")
     if not _member(g):
         return None
@@ -83,8 +96,9 @@ def reduce_scatter_single(output: torch.Tensor, input: torch.Tensor, op=ReduceOp
     """output (numel k) on group rank r receives block r (elements [r*k, (r+1)*k)) of `input`
     (numel world*k) reduced across ranks. `input` is not modified."""
     op_ = to_reduce_op(op)
-    _check_tensor(output, "output", "reduce_scatter_single")
-    _check_tensor(input, "input", "reduce_scatter_single")
+    _check_tensor(output, "output", "reduce_scatter_single", cuda_kernel=True)
+    _check_tensor(input, "input", "reduce_scatter_single", cuda_kernel=True)
+    _check_same_device(output, input, "reduce_scatter_single")
     g = _resolve_group(group, "reduce_scatter_single")
     if not _member(g):
         return None
@@ -100,13 +114,14 @@ def reduce_scatter_single(output: torch.Tensor, input: torch.Tensor, op=ReduceOp
         raise ValueError("ringzero.reduce_scatter_single: output must not alias input; allocate a separate output")
     comm = get_communicator(g)
     o, i = _flat(output), _flat(input)
-    return comm.run(lambda: comm.reduce_scatter(o, i, op_), async_op, output)
+    return comm.run(lambda: comm.reduce_scatter(o, i, op_), async_op, output, inputs=(input,))
 
 
 def all_gather_single(output_tensor: torch.Tensor, input_tensor: torch.Tensor, group=None, async_op: bool = False):
     """output_tensor (numel world*k) receives every rank's input_tensor (numel k) in rank order."""
-    _check_tensor(output_tensor, "output_tensor", "all_gather_single")
-    _check_tensor(input_tensor, "input_tensor", "all_gather_single")
+    _check_tensor(output_tensor, "output_tensor", "all_gather_single", cuda_kernel=True)
+    _check_tensor(input_tensor, "input_tensor", "all_gather_single", cuda_kernel=True)
+    _check_same_device(output_tensor, input_tensor, "all_gather_single")
     g = _resolve_group(group, "all_gather_single")
     if not _member(g):
         return None
@@ -123,7 +138,7 @@ def all_gather_single(output_tensor: torch.Tensor, input_tensor: torch.Tensor, g
         )
     comm = get_communicator(g)
     o, i = _flat(output_tensor), _flat(input_tensor)
-    return comm.run(lambda: comm.all_gather(o, i), async_op, output_tensor)
+    return comm.run(lambda: comm.all_gather(o, i), async_op, output_tensor, inputs=(input_tensor,))
 
 
 # torch.distributed's older names for the two tensor forms (torch 2.13 deprecates them; we keep both).
@@ -136,6 +151,7 @@ def all_gather_v(output: torch.Tensor, input: torch.Tensor, counts, group=None, 
     `output` (numel sum(counts)) receives them in rank order. Every rank must pass the same counts."""
     _check_tensor(output, "output", "all_gather_v")
     _check_tensor(input, "input", "all_gather_v")
+    _check_same_device(output, input, "all_gather_v")
     g = _resolve_group(group, "all_gather_v")
     if not _member(g):
         return None
@@ -154,7 +170,7 @@ def all_gather_v(output: torch.Tensor, input: torch.Tensor, counts, group=None, 
         raise ValueError(f"ringzero.all_gather_v: output has {output.numel()} elements but sum(counts) = {sum(counts)}")
     comm = get_communicator(g)
     o, i = _flat(output), _flat(input)
-    return comm.run(lambda: comm.all_gather(o, i, counts), async_op, output)
+    return comm.run(lambda: comm.all_gather(o, i, counts), async_op, output, inputs=(input,))
 
 
 def broadcast(tensor: torch.Tensor, src: int | None = None, group=None, async_op: bool = False,

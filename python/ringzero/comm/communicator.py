@@ -79,6 +79,7 @@ class Communicator:
         self._lock = threading.Lock()
         self._pending = 0
         self._executor = None
+        self._cuda = None  # CudaPath, made on the first CUDA collective (comm/cuda.py)
 
         infos = [None] * self.world
         dist.all_gather_object(infos, (host_id(), os.getpid()), group=group)
@@ -134,9 +135,21 @@ class Communicator:
             raise CommError("ringzero could not set up shared memory: " + "; ".join(errors))
 
     # ---- execution ---------------------------------------------------------------------------------
-    def run(self, fn, async_op: bool, result=None):
-        """Runs fn in call order: inline when nothing is pending, else behind the pending calls."""
+    def cuda_path(self, t: torch.Tensor, op: str):
+        """The CUDA transports (comm/cuda.py), made at this group's first CUDA collective."""
+        if self._cuda is None:
+            from .cuda import CudaPath
+
+            self._cuda = CudaPath(self, t.device)
+        self._cuda.check_device(t, op)
+        return self._cuda
+
+    def run(self, fn, async_op: bool, result=None, inputs=()):
+        """Runs fn in call order: inline when nothing is pending, else behind the pending calls.
+        CUDA tensors: fn is enqueued on the communicator's stream instead (comm/cuda.py)."""
         self.seq += 1
+        if isinstance(result, torch.Tensor) and result.is_cuda:
+            return self.cuda_path(result, "collective").launch(fn, async_op, (result, *inputs), result)
         if not async_op:
             with self._lock:
                 busy = self._pending > 0
@@ -165,6 +178,9 @@ class Communicator:
     def close(self):
         if self._executor is not None:
             self._executor.shutdown(wait=True)
+        if self._cuda is not None:
+            self._cuda.close()
+            self._cuda = None
         self.shm = None
 
     def _label(self, op: str) -> str:
@@ -172,6 +188,8 @@ class Communicator:
 
     # ---- collectives on flat contiguous tensors ----------------------------------------------------
     def all_reduce(self, x: torch.Tensor, op: ReduceOp):
+        if x.is_cuda:
+            return self._cuda.all_reduce(x, op)
         if self.world == 1:
             return
         if self.single_host:
@@ -196,6 +214,8 @@ class Communicator:
             x.copy_(gathered[: x.numel()])
 
     def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, op: ReduceOp):
+        if out.is_cuda:
+            return self._cuda.reduce_scatter(out, inp, op)
         if self.single_host:
             if self.world == 1:
                 _C.reduce_(out, [inp], int(ReduceOp.SUM), 1)
@@ -207,6 +227,10 @@ class Communicator:
         self.flat_ring.reduce_scatter(inp, out, base, divisor)
 
     def all_gather(self, out: torch.Tensor, inp: torch.Tensor, counts: list[int] | None = None):
+        if out.is_cuda:
+            if counts is None:
+                return self._cuda.all_gather(out, inp)
+            return _through_host(lambda o, i: self.all_gather(o, i, counts), out, inp)
         if self.single_host:
             if self.world == 1:
                 out.copy_(inp)
@@ -219,6 +243,8 @@ class Communicator:
         self.flat_ring.all_gather(inp, out, counts)
 
     def broadcast(self, x: torch.Tensor, root: int):
+        if x.is_cuda:
+            return _through_host(lambda h: self.broadcast(h, root), x)
         if self.world == 1:
             return
         if self.single_host:
@@ -228,6 +254,8 @@ class Communicator:
         self.flat_ring.broadcast(x, root)
 
     def reduce(self, x: torch.Tensor, root: int, op: ReduceOp):
+        if x.is_cuda:
+            return _through_host(lambda h: self.reduce(h, root, op), x)
         if self.world == 1:
             return
         if self.single_host:
@@ -245,6 +273,14 @@ class Communicator:
             return
         self.flat_ring.begin(self._label("barrier"))
         self.flat_ring.barrier()
+
+
+def _through_host(fn, out: torch.Tensor, *inputs: torch.Tensor):
+    """Broadcast, reduce and all_gather_v have no CUDA kernels: run them on host copies (this waits
+    for the GPU; it is correct, not fast)."""
+    host = out.cpu()
+    fn(host, *(t.cpu() for t in inputs))
+    out.copy_(host)
 
 
 _COMMS: dict[int, Communicator] = {}
