@@ -21,8 +21,8 @@ def body(rank, world):
     for algo in ["oneshot", "twoshot", "ring"]:
         os.environ["RINGZERO_ALLREDUCE_ALGO"] = algo
         group = dist.new_group(list(range(world)))
-        for dtype in [torch.int32, torch.float32, torch.bfloat16]:
-            for n in [1, 13, 4099, 70_001]:
+        for dtype in [torch.int32, torch.bfloat16]:
+            for n in [1, 13, 70_001]:  # 70_001 x 4 B spans several 256 KiB staging slices
                 i = torch.arange(n, dtype=torch.int64)
                 x = ((i * 5 + rank * 3) % 7 - 3).to(dtype)
                 for op, gop in [(ringzero.ReduceOp.SUM, dist.ReduceOp.SUM), (ringzero.ReduceOp.MAX, dist.ReduceOp.MAX)]:

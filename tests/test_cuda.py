@@ -102,6 +102,8 @@ def test_simulated_ranks_match_torch(world):
                 for q in range(world):
                     check(outs[q], full[q * n:(q + 1) * n], f"sim{world} reduce_scatter {dtype} {op.name} n={n}",
                           rounded, world)
+        for n in [1, 13, 1031, 300_007]:
+            xs = [make(q, n, dtype) for q in range(world)]
             outs = [torch.empty(n * world, dtype=dtype, device="cuda") for _ in range(world)]
             sim.run(AG, xs, outs, 0, 0)
             for q in range(world):
