@@ -61,8 +61,12 @@ if [ $TORCH_CUDA = 1 ]; then
     if ! timeout 150 "$PY" benchmarks/bench_cuda.py --out "$RESULTS/bench_cuda_$STAMP.txt"; then status=1; fi
   fi
 elif want pytest || want bench; then
-  echo "== 3-4 NOT RUN: this torch has no CUDA, so the Python tests and the benchmark cannot run here"
+  echo "== 3 NOT RUN: this torch has no CUDA, so the Python GPU tests cannot run here"
   status=1
+fi
+if want bench; then
+  echo "== 5. CUDA kernel benchmark without torch (layers 2-3)"
+  if ! timeout 150 build/gpu/bench_cuda_kernels | tee "$RESULTS/bench_cuda_kernels_$STAMP.txt"; then status=1; fi
 fi
 echo "== gpu_check done, status $status; log: $LOG"
 exit $status

@@ -70,4 +70,8 @@ if(RINGZERO_BUILD_TESTS)
   target_link_libraries(test_cuda PRIVATE ringzero_cuda)
   add_test(NAME cuda COMMAND test_cuda)
   set_tests_properties(cuda PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600)
+  # The torch-free CUDA benchmark (run by benchmarks/gpu_check.sh, not by ctest).
+  add_executable(bench_cuda_kernels benchmarks/bench_cuda_kernels.cu)
+  set_target_properties(bench_cuda_kernels PROPERTIES CUDA_ARCHITECTURES "${RINGZERO_CUDA_ARCHS}")
+  target_link_libraries(bench_cuda_kernels PRIVATE ringzero_cuda)
 endif()
