@@ -15,20 +15,13 @@
 #include <string>
 #include <vector>
 
+#include "cuda_ok.h"
 #include "cuda/peer_comm.h"
 #include "cuda/reduce.h"
 
 using namespace ringzero;
 using namespace ringzero::cuda;
 
-#define CUDA_OK(x)                                                                              \
-  do {                                                                                          \
-    cudaError_t e_ = (x);                                                                       \
-    if (e_ != cudaSuccess) {                                                                    \
-      std::fprintf(stderr, "CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
-      std::exit(1);                                                                             \
-    }                                                                                           \
-  } while (0)
 
 // Seconds per call of fn (enqueued on s), from a graph of `iters` calls replayed 3 times after a warm-up.
 static double time_graph(cudaStream_t s, int iters, const std::function<void()>& fn) {

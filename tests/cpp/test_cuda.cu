@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda_ok.h"
 #include "cuda/peer_comm.h"
 #include "cuda/reduce.h"
 #include "nccl/ring_driver.h"
@@ -35,14 +36,6 @@ static int g_failures = 0, g_checks = 0;
         std::fprintf(stderr, "\n");                                      \
       }                                                                  \
     }                                                                    \
-  } while (0)
-#define CUDA_OK(x)                                                                       \
-  do {                                                                                   \
-    cudaError_t e_ = (x);                                                                \
-    if (e_ != cudaSuccess) {                                                             \
-      std::fprintf(stderr, "CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
-      std::exit(1);                                                                      \
-    }                                                                                    \
   } while (0)
 
 // ---- host <-> device values of every dtype, as double ----
