@@ -11,6 +11,7 @@ namespace py = pybind11;
 using namespace ringzero;
 
 void bind_adam(py::module& m);  // adam_bindings.cpp
+void bind_cuda(py::module_& m);  // cuda_bindings.cpp
 
 namespace {
 
@@ -73,6 +74,7 @@ PYBIND11_MODULE(_C, m) {
   });
 
   bind_adam(m);
+  bind_cuda(m);
   m.def("reduce_isa", &reduce_isa, "Instruction set of the CPU reduction kernels in use");
 
   m.def(
