@@ -5,3 +5,5 @@ from .communicator import Communicator, destroy_communicators, get_communicator,
 from .errors import CollectiveMismatch, CommError, CommTimeout
 from .types import ReduceOp
 from .work import Work
+from .backend import backend_stats, register as register_backend
+from .patch import patch, unpatch
