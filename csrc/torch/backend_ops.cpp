@@ -9,23 +9,10 @@
 #include <optional>
 
 #include "backend.h"
+#include "dtype_map.h"
 
 namespace ringzero {
 namespace {
-
-std::optional<DType> core_dtype(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return DType::F32;
-    case at::kDouble: return DType::F64;
-    case at::kBFloat16: return DType::BF16;
-    case at::kHalf: return DType::F16;
-    case at::kChar: return DType::I8;
-    case at::kByte: return DType::U8;
-    case at::kInt: return DType::I32;
-    case at::kLong: return DType::I64;
-    default: return std::nullopt;
-  }
-}
 
 // Data movement does not look at values: a dtype our kernels lack moves as bytes.
 struct Elements {
@@ -115,6 +102,24 @@ void write_back(const at::Tensor& user, const at::Tensor& buf) {
   if (!buf.is_same(user)) user.copy_(buf.view(user.sizes()));
 }
 
+// A contiguous output for the kernels to write (the tensor itself when it already is one).
+at::Tensor writable(const at::Tensor& t) { return t.is_contiguous() ? t : at::empty(t.sizes(), t.options()); }
+
+void all_gather_one(ShmComm& c, const at::Tensor& input, const at::Tensor& output) {
+  at::Tensor in = input.contiguous();
+  at::Tensor out = writable(output);
+  const Elements e = movement(input);
+  c.all_gather(in.data_ptr(), out.data_ptr(), in.numel() * e.per_element, e.dtype);
+  write_back(output, out);
+}
+
+void reduce_scatter_one(ShmComm& c, const Reduction& red, const at::Tensor& input, const at::Tensor& output) {
+  at::Tensor in = red.stage(input);
+  at::Tensor out = writable(output);
+  c.reduce_scatter(in.data_ptr(), out.data_ptr(), out.numel(), red.dtype, red.op);
+  write_back(output, out);
+}
+
 at::Tensor flat_cat(const std::vector<at::Tensor>& ts) {
   std::vector<at::Tensor> flat;
   for (const auto& t : ts) flat.push_back(t.reshape(-1));
@@ -201,13 +206,8 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::_allgather_base(at::Tensor& outp
                     input.numel());
   if (auto* inner = route(input.device(), "all_gather_into_tensor", dense(input) && dense(output)))
     return inner->_allgather_base(output, input, opts);
-  return enqueue(c10d::OpType::_ALLGATHER_BASE, {output}, opts.timeout, [output, input](ShmComm& c) {
-    at::Tensor in = input.contiguous();
-    at::Tensor out = output.is_contiguous() ? output : at::empty(output.sizes(), output.options());
-    const Elements e = movement(input);
-    c.all_gather(in.data_ptr(), out.data_ptr(), in.numel() * e.per_element, e.dtype);
-    write_back(output, out);
-  });
+  return enqueue(c10d::OpType::_ALLGATHER_BASE, {output}, opts.timeout,
+                 [output, input](ShmComm& c) { all_gather_one(c, input, output); });
 }
 
 c10::intrusive_ptr<c10d::Work> RingzeroBackend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
@@ -226,13 +226,7 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::allgather_into_tensor_coalesced(
   if (auto* inner = route(inputs[0].device(), "allgather_into_tensor_coalesced", ok))
     return inner->allgather_into_tensor_coalesced(outputs, inputs, opts);
   return enqueue(c10d::OpType::COALESCED, outputs, opts.timeout, [outputs, inputs](ShmComm& c) {
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      at::Tensor in = inputs[i].contiguous();
-      at::Tensor out = outputs[i].is_contiguous() ? outputs[i] : at::empty(outputs[i].sizes(), outputs[i].options());
-      const Elements e = movement(in);
-      c.all_gather(in.data_ptr(), out.data_ptr(), in.numel() * e.per_element, e.dtype);
-      write_back(outputs[i], out);
-    }
+    for (size_t i = 0; i < inputs.size(); ++i) all_gather_one(c, inputs[i], outputs[i]);
   });
 }
 
@@ -279,12 +273,8 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::_reduce_scatter_base(at::Tensor&
   const Reduction red = reduction(opts.reduceOp, {input}, "reduce_scatter_tensor");
   if (auto* inner = route(input.device(), "reduce_scatter_tensor", red.native && dense(output)))
     return inner->_reduce_scatter_base(output, input, opts);
-  return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, {output}, opts.timeout, [output, input, red](ShmComm& c) {
-    at::Tensor in = red.stage(input);
-    at::Tensor out = output.is_contiguous() ? output : at::empty(output.sizes(), output.options());
-    c.reduce_scatter(in.data_ptr(), out.data_ptr(), out.numel(), red.dtype, red.op);
-    write_back(output, out);
-  });
+  return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, {output}, opts.timeout,
+                 [output, input, red](ShmComm& c) { reduce_scatter_one(c, red, input, output); });
 }
 
 c10::intrusive_ptr<c10d::Work> RingzeroBackend::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
@@ -304,13 +294,7 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::reduce_scatter_tensor_coalesced(
     return inner->reduce_scatter_tensor_coalesced(outputs, inputs, opts);
   return enqueue(c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED, outputs, opts.timeout,
                  [outputs, inputs, red](ShmComm& c) {
-                   for (size_t i = 0; i < inputs.size(); ++i) {
-                     at::Tensor in = red.stage(inputs[i]);
-                     const at::Tensor& o = outputs[i];
-                     at::Tensor out = o.is_contiguous() ? o : at::empty(o.sizes(), o.options());
-                     c.reduce_scatter(in.data_ptr(), out.data_ptr(), out.numel(), red.dtype, red.op);
-                     write_back(o, out);
-                   }
+                   for (size_t i = 0; i < inputs.size(); ++i) reduce_scatter_one(c, red, inputs[i], outputs[i]);
                  });
 }
 
@@ -331,10 +315,9 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::reduce_scatter(std::vector<at::T
   return enqueue(c10d::OpType::REDUCE_SCATTER, {output}, opts.timeout, [output, ins, red](ShmComm& c) {
     std::vector<at::Tensor> staged;
     for (const auto& i : ins) staged.push_back(red.premul ? red.stage(i) : i);
-    at::Tensor in = flat_cat(staged);
-    at::Tensor out = output.is_contiguous() ? output : at::empty(output.sizes(), output.options());
-    c.reduce_scatter(in.data_ptr(), out.data_ptr(), out.numel(), red.dtype, red.op);
-    write_back(output, out);
+    Reduction staged_red = red;
+    staged_red.premul = false;  // the blocks are premultiplied already
+    reduce_scatter_one(c, staged_red, flat_cat(staged), output);
   });
 }
 
