@@ -6,4 +6,4 @@ from .errors import CollectiveMismatch, CommError, CommTimeout
 from .types import ReduceOp
 from .work import Work
 from .backend import backend_stats, register as register_backend
-from .patch import patch, unpatch
+from .patch import is_patched, patch, unpatch
