@@ -223,3 +223,38 @@ def test_collective_mismatch_is_reported():
         return True
 
     assert all(run_ranks(3, mismatch, env=SMALL_BUFFERS))
+
+
+def test_timeout_names_the_missing_rank():
+    """A rank that never joins: the others get ringzero.CommTimeout after RINGZERO_TIMEOUT_S (the
+    group's timeout otherwise), naming the rank they waited for, instead of hanging."""
+    def body_(rank, world):
+        g = dist.new_group(backend="ringzero")
+        if rank == 0:
+            with pytest.raises(ringzero.CommTimeout, match=r"waiting for group ranks \[1\]"):
+                dist.all_reduce(torch.ones(4), group=g)
+        dist.barrier()  # gloo: rank 1 leaves only after rank 0 has seen its error
+        return True
+
+    assert all(run_ranks(2, body_, env={"RINGZERO_TIMEOUT_S": "2"}))
+
+
+def test_group_across_hosts_hands_everything_to_gloo():
+    """A group whose ranks are on different hosts (forced with RINGZERO_HOST_ID) has no shared
+    segment: every op goes to the inner gloo backend and gives gloo's answer."""
+    def body_(rank, world):
+        g = dist.new_group(backend="ringzero")
+        assert not g._get_backend(torch.device("cpu")).uses_shared_memory
+        x = make(rank, 1031, torch.float32)
+        got = x.clone()
+        dist.all_reduce(got, group=g)
+        check_equal(got, gloo_reference(x, ringzero.ReduceOp.SUM, world), "all_reduce across hosts")
+        out = torch.empty(1031 * world)
+        dist.all_gather_single(out, x, group=g)
+        check_equal(out, torch.cat([make(q, 1031, torch.float32) for q in range(world)]), "all_gather across hosts")
+        dist.barrier(group=g)
+        stats = ringzero.backend_stats(g)
+        assert not stats["native"] and set(stats["fallback"]) == {"allreduce", "all_gather_into_tensor", "barrier"}
+        return True
+
+    assert all(run_ranks(3, body_, env={**SMALL_BUFFERS, "RINGZERO_HOST_IDS": "a,b,a"}))
