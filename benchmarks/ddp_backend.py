@@ -2,11 +2,13 @@
 
     PYTHONPATH=python python benchmarks/ddp_backend.py --world 2 4
 
-Each rank trains the same ringzero.models.GPT with torch.nn.parallel.DistributedDataParallel twice
-per round, once on a gloo group and once on a group made with backend="ringzero", alternating the
-order over rounds so that drift in machine load hits both alike. The table gives the median step
-time of each (forward, backward with DDP's bucketed all-reduces, AdamW step) and the ratio
-gloo / ringzero (above 1: ringzero faster). A second table times one all-reduce of the whole
+Each rank trains two replicas of the same ringzero.models.GPT with stock
+torch.nn.parallel.DistributedDataParallel, one on a gloo group and one on a group made with
+backend="ringzero", one step of each in turn (the order alternating by step, so that changes in
+machine load hit both alike). The table gives the median step time of each (forward, backward with
+DDP's bucketed all-reduces, AdamW step) and the ratio gloo / ringzero (above 1: ringzero faster),
+and the same for the process CPU time per step (all threads), which other work on the machine
+disturbs less than wall time. A second table times one all-reduce of the whole
 gradient (float32) on each group, with bus bandwidth (algbw x 2(n-1)/n) and the fraction of the
 memory floor: the two-shot all-reduce touches about 5 B + B/n bytes per rank for B bytes of
 gradient, and the floor is that traffic at the single-core copy bandwidth measured in this run.
@@ -35,24 +37,29 @@ def _model(args):
     return GPT(GPTConfig(vocab_size=256, seq_len=args.seq_len, n_layer=args.layers, n_head=4, d_model=args.width))
 
 
-def _time_ddp(group, args, rank) -> list[float]:
+def _time_ddp(groups: dict, args, rank) -> dict:
+    """Trains one DDP replica per group, one step of each in turn (the order alternating by step, so
+    that changes in machine load hit both alike); returns per-step wall and process CPU seconds."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from ringzero.models import lm_loss
 
-    model = DDP(_model(args), process_group=group)
-    optim = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    models = {name: DDP(_model(args), process_group=g) for name, g in groups.items()}
+    optims = {name: torch.optim.AdamW(m.parameters(), lr=1e-3) for name, m in models.items()}
     g = torch.Generator().manual_seed(rank)
     tokens = torch.randint(0, 256, (args.batch, args.seq_len + 1), generator=g)
-    times = []
+    times = {name: {"wall": [], "cpu": []} for name in groups}
+    names = list(groups)
     for step in range(args.warmup + args.steps):
-        dist.barrier(group=group)
-        t0 = time.perf_counter()
-        optim.zero_grad(set_to_none=True)
-        lm_loss(model(tokens[:, :-1]), tokens[:, 1:]).backward()
-        optim.step()
-        if step >= args.warmup:
-            times.append(time.perf_counter() - t0)
+        for name in (names if step % 2 == 0 else names[::-1]):
+            dist.barrier(group=groups[name])
+            t0, c0 = time.perf_counter(), time.process_time()
+            optims[name].zero_grad(set_to_none=True)
+            lm_loss(models[name](tokens[:, :-1]), tokens[:, 1:]).backward()
+            optims[name].step()
+            if step >= args.warmup:
+                times[name]["wall"].append(time.perf_counter() - t0)
+                times[name]["cpu"].append(time.process_time() - c0)
     return times
 
 
@@ -85,10 +92,7 @@ def _rank(rank, world, store_path, args, out):
 
     dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world)
     groups = {"gloo": dist.new_group(backend="gloo"), "ringzero": dist.new_group(backend="ringzero")}
-    steps = {"gloo": [], "ringzero": []}
-    for r in range(args.rounds):
-        for name in (["gloo", "ringzero"] if r % 2 == 0 else ["ringzero", "gloo"]):
-            steps[name] += _time_ddp(groups[name], args, rank)
+    steps = _time_ddp(groups, args, rank)
     numel = sum(p.numel() for p in _model(args).parameters())
     ar = {name: statistics.median(_time_all_reduce(g, numel, 5) for _ in range(3)) for name, g in groups.items()}
     copy_bw = _copy_bandwidth(numel)
@@ -120,21 +124,22 @@ def main(argv=None):
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--seq-len", type=int, default=16)
     parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--steps", type=int, default=5, help="timed steps per round and backend")
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--steps", type=int, default=40, help="timed steps per backend")
+    parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--timeout-s", type=float, default=1800)
     args = parser.parse_args(argv)
 
     print(f"# torch {torch.__version__}, {os.cpu_count()} CPUs, GPT {args.layers}x{args.width}, "
-          f"batch {args.batch}x{args.seq_len}, {args.rounds} rounds x {args.steps} steps, 1 thread per rank")
-    print(f"{'world':>5} {'params':>9} {'grad MB':>8} {'gloo ms/step':>13} {'ringzero ms/step':>17} {'ratio':>6}")
+          f"batch {args.batch}x{args.seq_len}, {args.steps} steps each (medians), 1 thread per rank")
+    print(f"{'world':>5} {'params':>9} {'grad MB':>8} {'gloo ms/step':>13} {'ringzero ms/step':>17} {'ratio':>6} "
+          f"{'gloo CPU ms':>12} {'ringzero CPU ms':>16} {'CPU ratio':>9}")
     rows = []
     for world in args.world:
         r = run(world, args)
-        gloo, ours = (statistics.median(r["steps"][k]) * 1e3 for k in ("gloo", "ringzero"))
-        print(f"{world:>5} {r['numel']:>9} {r['numel'] * 4 / 1e6:>8.2f} {gloo:>13.2f} {ours:>17.2f} {gloo / ours:>6.2f}",
-              flush=True)
+        gloo, ours = (statistics.median(r["steps"][k]["wall"]) * 1e3 for k in ("gloo", "ringzero"))
+        gcpu, zcpu = (statistics.median(r["steps"][k]["cpu"]) * 1e3 for k in ("gloo", "ringzero"))
+        print(f"{world:>5} {r['numel']:>9} {r['numel'] * 4 / 1e6:>8.2f} {gloo:>13.2f} {ours:>17.2f} {gloo / ours:>6.2f} "
+              f"{gcpu:>12.2f} {zcpu:>16.2f} {gcpu / zcpu:>9.2f}", flush=True)
         rows.append(r)
     print()
     print(f"{'world':>5} {'bytes':>10} {'gloo us':>9} {'gloo busbw GB/s':>16} {'ringzero us':>12} "

@@ -2,9 +2,14 @@
 // copy in, signal, wait, reduce, copy out. See shm_comm.h for the slot and slice protocol.
 #include "shm_comm.h"
 
+#include <linux/futex.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
+
+#include <climits>
 
 #include <algorithm>
 #include <cerrno>
@@ -37,8 +42,9 @@ constexpr size_t kPageBytes = 4096;
 // first keeps 4 ranks on 2 cores moving; the sleep cap bounds the latency lost by a long wait.
 constexpr int kSpinIters = 1 << 14;  // about 100-500 us of pause instructions
 constexpr double kYieldS = 0.005;
-constexpr double kSleepMinS = 10e-6;
-constexpr double kSleepMaxS = 250e-6;
+// Without spinning (more ranks than cores, or a waiter whose process computes on other threads),
+// a waiter sleeps in the kernel on its peer's futex word and the peer wakes it on arrival: under
+// oversubscription a polling sleep costs a scheduling delay per phase, a futex wake does not.
 constexpr double kCheckEveryS = 0.02;  // abort flag, peer liveness and deadline
 
 double now_s() {
@@ -92,7 +98,9 @@ static_assert(sizeof(ShmComm::Header) <= kHeaderBytes, "header must fit its page
 struct alignas(128) ShmComm::Control {
   std::atomic<uint64_t> arrive;  // phases this rank has completed
   std::atomic<uint64_t> done;    // last slice whose peer reads this rank has finished
-  char pad[128 - 2 * sizeof(std::atomic<uint64_t>)];
+  std::atomic<uint32_t> arrive_word;  // low 32 bits of arrive: the futex word sleepers wait on
+  std::atomic<uint32_t> sleepers;     // ranks asleep (or about to be) on arrive_word
+  char pad[128 - 2 * sizeof(std::atomic<uint64_t>) - 2 * sizeof(std::atomic<uint32_t>)];
   Fingerprint fp[2];  // by slice parity, like the slots
 };
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "cross-process flags need lock-free atomics");
@@ -162,7 +170,23 @@ void ShmComm::start_op(CollectiveKind kind, DType dtype, ReduceOp op, int root, 
   check_abort();
 }
 
-void ShmComm::signal() { control(rank_)->arrive.store(++phase_, std::memory_order_release); }
+// Shared (not process-private) futex operations on a word of the segment.
+static void futex_wait(std::atomic<uint32_t>* word, uint32_t seen, double timeout_s) {
+  timespec ts{static_cast<time_t>(timeout_s), static_cast<long>((timeout_s - static_cast<time_t>(timeout_s)) * 1e9)};
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, seen, &ts, nullptr, 0);
+}
+static void futex_wake_all(std::atomic<uint32_t>* word) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+void ShmComm::signal() {
+  Control* c = control(rank_);
+  c->arrive.store(++phase_, std::memory_order_release);
+  // seq_cst store then load, paired with the sleeper's increment then load in wait_for: either we
+  // see the sleeper and wake it, or it sees the new word and does not sleep.
+  c->arrive_word.store(static_cast<uint32_t>(phase_));
+  if (c->sleepers.load() != 0) futex_wake_all(&c->arrive_word);
+}
 
 uint64_t ShmComm::begin_slice() {
   const uint64_t k = ++slice_;
@@ -204,7 +228,6 @@ void ShmComm::wait_for(const std::vector<int>& ranks, uint64_t phase) {
   if (advance()) return;
   const double start = now_s();
   double next_check = start + kCheckEveryS;
-  double sleep_s = kSleepMinS;
   for (int iter = 0;; ++iter) {
     if (advance()) return;
     if (spin_ && iter < kSpinIters) {
@@ -212,11 +235,14 @@ void ShmComm::wait_for(const std::vector<int>& ranks, uint64_t phase) {
       continue;
     }
     const double t = now_s();
-    if (t - start < kYieldS) {
+    if (spin_ && t - start < kYieldS) {
       sched_yield();
     } else {
-      std::this_thread::sleep_for(std::chrono::duration<double>(sleep_s));
-      sleep_s = std::min(kSleepMaxS, sleep_s * 2);
+      Control* peer = control(ranks[ready]);
+      peer->sleepers.fetch_add(1);
+      const uint32_t seen = peer->arrive_word.load();
+      if (peer->arrive.load() < phase) futex_wait(&peer->arrive_word, seen, kCheckEveryS);
+      peer->sleepers.fetch_sub(1);
     }
     if (t >= next_check) {
       next_check = t + kCheckEveryS;
