@@ -111,8 +111,9 @@ void RingzeroBackend::rendezvous(const c10::intrusive_ptr<c10d::Store>& store) {
     if (error.empty()) error = verdict;
   }
   // The worker thread waits while this rank's main thread computes (DDP's backward overlaps its
-  // all-reduces): spinning would take that core. Measured with benchmarks/ddp_backend.py on the
-  // shared 2-core machine: all-reduce of 13 MB 3.1 ms without spinning, 14.4 ms with it.
+  // all-reduces): spinning would take that core, so it sleeps on the peer's futex at once. Measured
+  // with benchmarks/ddp_backend.py on the shared 2-core machine (2026-11-21, then still a polling
+  // sleep): all-reduce of 13 MB at 2 ranks took 3.1 ms without spinning, 14.4 ms with it.
   if (shm_) shm_->set_spin(false);
   if (!error.empty()) {
     shm_.reset();
