@@ -5,8 +5,8 @@ dist.new_group(backend="ringzero") and on the harness's gloo group, and the resu
 (integer-valued inputs make float comparisons exact; AVG, which gloo lacks, is gloo SUM divided by
 the world size; PREMUL_SUM is gloo SUM of the premultiplied inputs; uneven all_gather is checked
 against each rank's known input). backend_stats() must show that the implemented ops ran on
-ringzero's kernels and the handed-on ones (all-to-all, gather, scatter, send/recv, bitwise ops) on
-the inner gloo backend, which must give gloo's answer. Bad arguments must raise ValueError/TypeError.
+ringzero's kernels (send/recv with tag 0 on its shared-memory channels) and the handed-on ones
+(all-to-all, gather, scatter, tagged send/recv, bitwise ops) on the inner gloo backend, which must give gloo's answer. Bad arguments must raise ValueError/TypeError.
 World sizes 1-5, sizes 0, 1, 13 and 1031 (larger than the 4 KiB staging buffer used here).
 """
 import pytest
@@ -161,14 +161,49 @@ def fallbacks(rank, world, g):
     dist.all_reduce(got, op=dist.ReduceOp.BAND, group=g)
     check_equal(got, want, "all_reduce BAND")
 
-    if world > 1:
+    if world > 1:  # a tag other than 0 is the inner backend's
         right, left = (rank + 1) % world, (rank - 1) % world
         recv = torch.empty(5)
-        works = [dist.isend(torch.full((5,), float(rank)), right, group=g), dist.irecv(recv, left, group=g)]
+        works = [dist.isend(torch.full((5,), float(rank)), right, group=g, tag=7),
+                 dist.irecv(recv, left, group=g, tag=7)]
         for w in works:
             w.wait()
-        check_equal(recv, torch.full((5,), float(left)), "send/recv ring")
+        check_equal(recv, torch.full((5,), float(left)), "tagged send/recv ring")
     return {"alltoall_base", "gather", "scatter", "allreduce"} | ({"send", "recv"} if world > 1 else set())
+
+
+def point_to_point(rank, world, g):
+    """send/recv on our channels against the same exchange over gloo."""
+    right, left = (rank + 1) % world, (rank - 1) % world
+    for dtype in (torch.float32, torch.int64, torch.bfloat16, torch.bool):
+        for n in (0, 1, 5003):  # 5003 elements stream through many 4 KiB slots
+            mine = make(rank, n, torch.int64, salt=5).to(dtype)
+            want, got = torch.zeros(n, dtype=dtype), torch.zeros(n, dtype=dtype)
+            for group, out in ((None, want), (g, got)):
+                works = [dist.isend(mine, right, group=group), dist.irecv(out, left, group=group)]
+                for w in works:
+                    w.wait()
+            check_equal(got, want, f"isend/irecv ring {dtype} n={n}")
+    # Everyone sends to everyone at once (a thread per peer and direction: no ordering deadlock),
+    # into non-contiguous receive buffers.
+    outs = {q: torch.zeros(8, 300).t() for q in range(world) if q != rank}
+    works = [dist.isend(torch.full((300, 8), float(rank * 10 + q)), q, group=g) for q in outs]
+    works += [dist.irecv(outs[q], q, group=g) for q in outs]
+    for w in works:
+        w.wait()
+    for q, out in outs.items():
+        check_equal(out, torch.full((300, 8), float(q * 10 + rank)), f"all-pairs message from {q}")
+    # Blocking calls, paired in order.
+    x = torch.arange(10.0) + rank
+    if rank == 0:
+        dist.send(x, 1, group=g)
+        dist.recv(x, 1, group=g)
+        check_equal(x, torch.arange(10.0) + 1, "blocking recv on rank 0")
+    elif rank == 1:
+        y = torch.empty(10)
+        dist.recv(y, 0, group=g)
+        dist.send(x, 0, group=g)
+        check_equal(y, torch.arange(10.0), "blocking recv on rank 1")
 
 
 def bad_arguments(rank, world, g):
@@ -197,9 +232,11 @@ def body(rank, world):
             reductions(rank, world, g, dtype, n)
             data_movement(rank, world, g, dtype, n)
     coalesced_and_special(rank, world, g)
+    if world > 1:
+        point_to_point(rank, world, g)
     stats = ringzero.backend_stats(g)
     assert not stats["fallback"], f"an implemented op was handed to gloo: {stats}"
-    assert set(stats["native"]) == IMPLEMENTED, stats
+    assert set(stats["native"]) == IMPLEMENTED | ({"send", "recv"} if world > 1 else set()), stats
     handed_on = fallbacks(rank, world, g)
     stats = ringzero.backend_stats(g)
     assert set(stats["fallback"]) == handed_on, stats

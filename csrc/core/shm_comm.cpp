@@ -2,14 +2,9 @@
 // copy in, signal, wait, reduce, copy out. See shm_comm.h for the slot and slice protocol.
 #include "shm_comm.h"
 
-#include <linux/futex.h>
 #include <sched.h>
 #include <signal.h>
-#include <sys/syscall.h>
-#include <time.h>
 #include <unistd.h>
-
-#include <climits>
 
 #include <algorithm>
 #include <cerrno>
@@ -20,6 +15,7 @@
 
 #include "chunks.h"
 #include "errors.h"
+#include "futex.h"
 #include "reduce.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -84,10 +80,7 @@ const char* collective_name(CollectiveKind kind) {
 }
 
 struct ShmComm::Header {
-  uint64_t magic;
-  int32_t nranks;
-  int32_t reserved;
-  uint64_t slot_bytes;
+  SegmentTag tag;
   std::atomic<int32_t> abort_rank;  // -1 while healthy; else the local rank that aborted first
   char abort_reason[1024];
   std::atomic<int32_t> pids[kMaxRanks];
@@ -129,21 +122,9 @@ ShmComm::ShmComm(const std::string& name, int rank, int nranks, size_t slot_byte
   for (int i = 0; i < nranks; ++i) all_ranks_.push_back(i);
   spin_ = nranks <= usable_cpus();
 
-  const size_t bytes = segment_bytes(nranks, slot_bytes);
-  if (name.empty()) {
-    seg_ = ShmSegment::create(bytes);
-    Header* h = static_cast<Header*>(seg_.data());
-    h->magic = kMagic;
-    h->nranks = nranks;
-    h->slot_bytes = slot_bytes;
-    h->abort_rank.store(-1);
-  } else {
-    seg_ = ShmSegment::open(name, bytes);
-    const Header* h = static_cast<const Header*>(seg_.data());
-    if (h->magic != kMagic || h->nranks != nranks || h->slot_bytes != slot_bytes)
-      throw CommError("shared-memory segment " + name + " was made for another communicator (world size "
-                      "or RINGZERO_SHM_BUFFER_BYTES differ between ranks)");
-  }
+  seg_ = ShmSegment::create_or_open(name, segment_bytes(nranks, slot_bytes),
+                                    SegmentTag{kMagic, nranks, 0, slot_bytes}, "communicator");
+  if (name.empty()) static_cast<Header*>(seg_.data())->abort_rank.store(-1);
   static_cast<Header*>(seg_.data())->pids[rank].store(static_cast<int32_t>(getpid()));
 }
 
@@ -168,15 +149,6 @@ void ShmComm::start_op(CollectiveKind kind, DType dtype, ReduceOp op, int root, 
                          static_cast<int32_t>(op), root, count};
   op_deadline_ = now_s() + timeout_s_;
   check_abort();
-}
-
-// Shared (not process-private) futex operations on a word of the segment.
-static void futex_wait(std::atomic<uint32_t>* word, uint32_t seen, double timeout_s) {
-  timespec ts{static_cast<time_t>(timeout_s), static_cast<long>((timeout_s - static_cast<time_t>(timeout_s)) * 1e9)};
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, seen, &ts, nullptr, 0);
-}
-static void futex_wake_all(std::atomic<uint32_t>* word) {
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
 }
 
 void ShmComm::signal() {

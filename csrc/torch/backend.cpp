@@ -5,6 +5,7 @@
 
 #include <torch/csrc/distributed/c10d/logging.h>
 
+#include <algorithm>
 #include <chrono>
 #include <exception>
 #include <sstream>
@@ -26,11 +27,17 @@ void debug_log(const std::string& msg) {
   if (c10d::detail::isLogLevelEnabled(c10d::detail::LogLevel::Debug)) LOG(INFO) << "[c10d - debug] ringzero: " << msg;
 }
 
+// Point-to-point slots: smaller than the collectives' (n^2 channels of kSlots slots each); a test's
+// smaller RINGZERO_SHM_BUFFER_BYTES shrinks them too, so that it exercises slicing.
+constexpr size_t kP2PSlotBytesMax = 64 << 10;
+
 std::string key(const std::string& name, int rank = -1) {
   return kKeyPrefix + name + (rank >= 0 ? "/" + std::to_string(rank) : "");
 }
 
 }  // namespace
+
+size_t RingzeroBackend::p2p_slot_bytes() const { return std::min(config_.slot_bytes, kP2PSlotBytesMax); }
 
 RingzeroBackend::RingzeroBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                  BackendConfig config, c10::intrusive_ptr<c10d::Backend> cpu_fallback,
@@ -45,11 +52,24 @@ RingzeroBackend::RingzeroBackend(const c10::intrusive_ptr<c10d::Store>& store, i
   rendezvous(store);
 }
 
-RingzeroBackend::~RingzeroBackend() { executor_.stop(); }
+RingzeroBackend::~RingzeroBackend() { stop_executors(); }
 
-// Every rank publishes its host id. If all agree, rank 0 creates the segment and publishes its name,
-// the others open it and report, rank 0 unlinks it once all have reported (so a killed process
-// leaks nothing) and publishes the verdict. Every store wait is bounded by the timeout.
+void RingzeroBackend::stop_executors() {
+  executor_.stop();
+  std::lock_guard<std::mutex> lock(peers_mu_);
+  for (auto& kv : peer_executors_) kv.second->stop();
+}
+
+SerialExecutor& RingzeroBackend::peer_executor(bool sending, int peer) {
+  std::lock_guard<std::mutex> lock(peers_mu_);
+  auto& ex = peer_executors_[{sending, peer}];
+  if (!ex) ex = std::make_unique<SerialExecutor>();
+  return *ex;
+}
+
+// Every rank publishes its host id. If all agree, rank 0 creates the two segments (collectives and
+// point-to-point) and publishes their names, the others open them and report, rank 0 unlinks them
+// once all have reported (so a killed process leaks nothing) and publishes the verdict. Every store wait is bounded by the timeout.
 void RingzeroBackend::rendezvous(const c10::intrusive_ptr<c10d::Store>& store) {
   const auto timeout = to_ms(config_.timeout_s);
   const int rank = getRank(), size = getSize();
@@ -69,7 +89,8 @@ void RingzeroBackend::rendezvous(const c10::intrusive_ptr<c10d::Store>& store) {
   if (rank == 0) {
     try {
       shm_ = std::make_unique<ShmComm>("", 0, size, config_.slot_bytes, config_.timeout_s, std::vector<int>{});
-      store->set(key("segment"), "ok:" + shm_->name());
+      p2p_ = std::make_unique<ShmP2P>("", 0, size, p2p_slot_bytes());
+      store->set(key("segment"), "ok:" + shm_->name() + "|" + p2p_->name());
     } catch (const std::exception& e) {
       store->set(key("segment"), std::string("error:rank 0: ") + e.what());
       throw;
@@ -79,8 +100,10 @@ void RingzeroBackend::rendezvous(const c10::intrusive_ptr<c10d::Store>& store) {
     const std::string seg = store->get_to_str(key("segment"));
     if (seg.rfind("ok:", 0) != 0) throw CommError("ringzero backend could not set up shared memory: " + seg.substr(6));
     try {
-      shm_ = std::make_unique<ShmComm>(seg.substr(3), rank, size, config_.slot_bytes, config_.timeout_s,
+      const size_t bar = seg.find('|');
+      shm_ = std::make_unique<ShmComm>(seg.substr(3, bar - 3), rank, size, config_.slot_bytes, config_.timeout_s,
                                        std::vector<int>{});
+      p2p_ = std::make_unique<ShmP2P>(seg.substr(bar + 1), rank, size, p2p_slot_bytes());
     } catch (const std::exception& e) {
       error = "rank " + std::to_string(rank) + ": " + e.what();
     }
@@ -99,10 +122,12 @@ void RingzeroBackend::rendezvous(const c10::intrusive_ptr<c10d::Store>& store) {
       }
     } catch (...) {
       shm_->unlink();
+      p2p_->unlink();
       store->set(key("verdict"), "some ranks never opened the segment");
       throw;
     }
     shm_->unlink();
+    p2p_->unlink();
     store->set(key("verdict"), errors);
     error = errors;
   } else {
@@ -117,6 +142,7 @@ void RingzeroBackend::rendezvous(const c10::intrusive_ptr<c10d::Store>& store) {
   if (shm_) shm_->set_spin(false);
   if (!error.empty()) {
     shm_.reset();
+    p2p_.reset();
     throw CommError("ringzero backend could not set up shared memory: " + error);
   }
 }
@@ -153,16 +179,13 @@ c10d::Backend* RingzeroBackend::route(const at::Device& device, const char* op, 
   TORCH_CHECK_VALUE(false, "ringzero ", op, ": tensors on ", device, " are not supported; use CPU or CUDA tensors");
 }
 
-c10::intrusive_ptr<c10d::Work> RingzeroBackend::enqueue(c10d::OpType type, std::vector<at::Tensor> outputs,
-                                                        std::chrono::milliseconds timeout,
-                                                        std::function<void(ShmComm&)> fn) {
+c10::intrusive_ptr<c10d::Work> RingzeroBackend::enqueue_on(SerialExecutor& executor, c10d::OpType type,
+                                                           std::vector<at::Tensor> outputs, std::function<void()> fn) {
   auto work = c10::make_intrusive<RingzeroWork>(getRank(), type, outputs, ++seq_);
-  const double timeout_s = timeout.count() > 0 ? timeout.count() / 1000.0 : config_.timeout_s;
-  executor_.submit([this, work, timeout_s, fn = std::move(fn)] {
+  executor.submit([work, fn = std::move(fn)] {
     std::exception_ptr error;
     try {
-      shm_->set_timeout(timeout_s);
-      fn(*shm_);
+      fn();
     } catch (...) {
       error = std::current_exception();
     }
@@ -171,8 +194,18 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::enqueue(c10d::OpType type, std::
   return work;
 }
 
+c10::intrusive_ptr<c10d::Work> RingzeroBackend::enqueue(c10d::OpType type, std::vector<at::Tensor> outputs,
+                                                        std::chrono::milliseconds timeout,
+                                                        std::function<void(ShmComm&)> fn) {
+  const double timeout_s = timeout.count() > 0 ? timeout.count() / 1000.0 : config_.timeout_s;
+  return enqueue_on(executor_, type, std::move(outputs), [this, timeout_s, fn = std::move(fn)] {
+    shm_->set_timeout(timeout_s);
+    fn(*shm_);
+  });
+}
+
 void RingzeroBackend::shutdown() {
-  executor_.stop();
+  stop_executors();
   cpu_fallback_->shutdown();
   if (cuda_fallback_) cuda_fallback_->shutdown();
 }
@@ -225,14 +258,6 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::alltoall(std::vector<at::Tensor>
                                                          std::vector<at::Tensor>& inputs,
                                                          const c10d::AllToAllOptions& opts) {
   return route(first(outputs, "alltoall").device(), "alltoall", false)->alltoall(outputs, inputs, opts);
-}
-
-c10::intrusive_ptr<c10d::Work> RingzeroBackend::send(std::vector<at::Tensor>& tensors, int dst, int tag) {
-  return route(first(tensors, "send").device(), "send", false)->send(tensors, dst, tag);
-}
-
-c10::intrusive_ptr<c10d::Work> RingzeroBackend::recv(std::vector<at::Tensor>& tensors, int src, int tag) {
-  return route(first(tensors, "recv").device(), "recv", false)->recv(tensors, src, tag);
 }
 
 c10::intrusive_ptr<c10d::Work> RingzeroBackend::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {

@@ -321,6 +321,31 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::reduce_scatter(std::vector<at::T
   });
 }
 
+c10::intrusive_ptr<c10d::Work> RingzeroBackend::send(std::vector<at::Tensor>& tensors, int dst, int tag) {
+  const at::Tensor& t = single(tensors, "send");
+  TORCH_CHECK_VALUE(dst >= 0 && dst < getSize() && dst != getRank(), "ringzero send: dst ", dst,
+                    " must be another rank of the group (size ", getSize(), ")");
+  if (auto* inner = route(t.device(), "send", p2p_ && tag == 0 && dense(t))) return inner->send(tensors, dst, tag);
+  const double timeout_s = config_.timeout_s;
+  return enqueue_on(peer_executor(true, dst), c10d::OpType::SEND, {t}, [this, t, dst, timeout_s] {
+    at::Tensor buf = t.contiguous();
+    p2p_->send(buf.data_ptr(), buf.numel() * buf.element_size(), dst, timeout_s);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> RingzeroBackend::recv(std::vector<at::Tensor>& tensors, int src, int tag) {
+  const at::Tensor& t = single(tensors, "recv");
+  TORCH_CHECK_VALUE(src >= 0 && src < getSize() && src != getRank(), "ringzero recv: src ", src,
+                    " must be another rank of the group (size ", getSize(), ")");
+  if (auto* inner = route(t.device(), "recv", p2p_ && tag == 0 && dense(t))) return inner->recv(tensors, src, tag);
+  const double timeout_s = config_.timeout_s;
+  return enqueue_on(peer_executor(false, src), c10d::OpType::RECV, {t}, [this, t, src, timeout_s] {
+    at::Tensor buf = writable(t);
+    p2p_->recv(buf.data_ptr(), buf.numel() * buf.element_size(), src, timeout_s);
+    write_back(t, buf);
+  });
+}
+
 c10::intrusive_ptr<c10d::Work> RingzeroBackend::barrier(const c10d::BarrierOptions& opts) {
   if (auto* inner = route(at::Device(at::kCPU), "barrier", true)) return inner->barrier(opts);
   return enqueue(c10d::OpType::BARRIER, {}, opts.timeout, [](ShmComm& c) { c.barrier(); });
