@@ -40,13 +40,17 @@ def _steps(model, optim, steps: int, rank: int):
         optim.step()
 
 
-def train_ddp(group, steps: int = 20) -> torch.Tensor:
-    """Stock torch DDP on `group` (AdamW); returns all parameters flattened (float32, 1D)."""
+def train_ddp(group, steps: int = 20, python_hook: bool = False) -> torch.Tensor:
+    """Stock torch DDP on `group` (AdamW); returns all parameters flattened (float32, 1D).
+    python_hook: use torch's Python allreduce_hook, which chains on the Work's future."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     model = _model()
     # A small bucket cap gives several buckets, so several all-reduces overlap the backward pass.
     ddp = DDP(model, process_group=group, bucket_cap_mb=0.05)
+    if python_hook:
+        ddp.register_comm_hook(group, default_hooks.allreduce_hook)
     optim = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
     _steps(ddp, optim, steps, dist.get_rank(group))
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])

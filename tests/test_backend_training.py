@@ -1,4 +1,5 @@
-"""Stock torch DDP and stock FSDP2 (torch.distributed.fsdp.fully_shard) on the "ringzero" backend
+"""Stock torch DDP (built-in reduction, and torch's Python allreduce comm hook, which chains on the
+Work's future) and stock FSDP2 (torch.distributed.fsdp.fully_shard) on the "ringzero" backend
 against the same runs on gloo: a tiny ringzero.models.GPT, AdamW, 20 steps, world sizes 2 and 4.
 
 Reference: the same training on the harness's gloo group, in the same processes, from the same seed
@@ -7,6 +8,8 @@ ranks gloo's ring adds in a different order than our kernels (which add in rank 
 last bits of the gradients differ and AdamW amplifies that; observed max |difference| after 20
 steps was about 5e-4 (2026, 2-core CPU), and the stated tolerance is 2e-3.
 """
+import functools
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -21,7 +24,8 @@ ATOL = {2: 0.0, 4: 2e-3}
 def body(rank, world):
     g = dist.new_group(backend="ringzero")
     results = {}
-    for name, train in [("ddp", train_ddp), ("fsdp2", train_fsdp2)]:
+    ddp_hook = functools.partial(train_ddp, python_hook=True)
+    for name, train in [("ddp", train_ddp), ("ddp+python comm hook", ddp_hook), ("fsdp2", train_fsdp2)]:
         ref = train(dist.group.WORLD)  # gloo
         ours = train(g)
         results[name] = ((ours - ref).abs().max().item(), torch.equal(ours, ref), ours.numel())
