@@ -75,6 +75,7 @@ PYBIND11_MODULE(_C, m) {
 
   bind_adam(m);
   bind_cuda(m);
+  { void bind_backend(py::module_&); bind_backend(m); }  // c10d backend: csrc/torch/backend_bindings.cpp
   m.def("reduce_isa", &reduce_isa, "Instruction set of the CPU reduction kernels in use");
 
   m.def(
