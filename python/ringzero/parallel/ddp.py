@@ -33,21 +33,38 @@ def resolve_group(process_group, who: str):
     return process_group
 
 
+BROADCAST_CHUNK_BYTES = 4 * MIB  # bounds the extra memory of the wrap-time broadcast
+
+
 def broadcast_module_state(module: nn.Module, group):
-    """Copies rank 0's (of `group`) parameters and buffers into every rank's, one broadcast per dtype.
+    """Copies rank 0's (of `group`) parameters and buffers into every rank's, coalesced into broadcasts
+    of at most BROADCAST_CHUNK_BYTES per dtype (a larger tensor goes alone, in place).
     Every rank of `group` must call it with modules of the same structure."""
     tensors = [p.data for p in module.parameters()] + [b for b in module.buffers()]
     by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
     for t in tensors:
         by_dtype.setdefault(t.dtype, []).append(t)
     for dtype in sorted(by_dtype, key=str):  # same order on every rank
-        ts = by_dtype[dtype]
-        flat = torch.cat([t.reshape(-1) for t in ts])
-        comm.broadcast(flat, group=group, group_src=0)
-        offset = 0
-        for t in ts:
-            t.copy_(flat[offset: offset + t.numel()].view_as(t))
-            offset += t.numel()
+        chunk, nbytes = [], 0
+        for t in by_dtype[dtype] + [None]:
+            if chunk and (t is None or nbytes + t.numel() * t.element_size() > BROADCAST_CHUNK_BYTES):
+                _broadcast_coalesced(chunk, group)
+                chunk, nbytes = [], 0
+            if t is not None:
+                chunk.append(t)
+                nbytes += t.numel() * t.element_size()
+
+
+def _broadcast_coalesced(ts, group):
+    if len(ts) == 1 and ts[0].is_contiguous():
+        comm.broadcast(ts[0], group=group, group_src=0)
+        return
+    flat = torch.cat([t.reshape(-1) for t in ts])
+    comm.broadcast(flat, group=group, group_src=0)
+    offset = 0
+    for t in ts:
+        t.copy_(flat[offset: offset + t.numel()].view_as(t))
+        offset += t.numel()
 
 
 def check_bucket_cap(bucket_cap_mb) -> int:

@@ -5,7 +5,8 @@ Buffers (1D = flat, padded to a multiple of the world size; shard = 1/N of it):
   master        1D shard, float32, on master_device: the only copy of the weights that the optimizer steps
   master.grad   1D shard, float32: averaged gradient (summed over backward passes until zero_grad)
   full          1D padded, param_dtype: the gathered weights; module parameters are views into it
-                (kept between steps in stages 1-2, gathered and freed around each use in stage 3)
+                (kept between steps in stages 1-2; in stage 3 its storage is resized to 0 bytes when
+                freed and back when gathered, around each use)
   grad_flat     1D padded, reduce_dtype: this rank's gradients of the group, input of the reduction
                 (kept between steps in stage 1, where gradients are replicated; transient in 2-3)
 """
@@ -43,56 +44,54 @@ class ShardedGroup:
         self.compute_device = params[0].device if params else torch.device("cpu")
         flat32 = self.layout.flatten([p.detach() for p in params], torch.float32)
         self.master = nn.Parameter(self.layout.shard(flat32).to(master_device, copy=True))
-        self.full = None
         self.state = ParamState.SHARDED
         self._gather_work = self._gather_input = None
         self.grad_flat = None
         self._reduce_work = self._reduce_out = None
-        if stage < 3:
-            self.full = flat32.to(self.compute_device, param_dtype, copy=True)
-            self._bind_views()
-        else:
-            self._bind_empty()
+        # The module parameters are bound once, as views of `full`. Stage 3 frees `full` by resizing its
+        # storage to zero bytes and gathers into the same storage again (as FSDP2 does): views that
+        # autograd saved during forward (e.g. weight.t() of a Linear) then see the weights again in
+        # backward instead of keeping a freed buffer alive.
+        self.full = flat32.to(self.compute_device, param_dtype, copy=True)
         del flat32
-        self.gathered_version = self.master._version
-
-    # ---- parameters ----------------------------------------------------------------------------
-    def _bind_views(self):
+        self._full_bytes = self.full.untyped_storage().nbytes()
         for s in self.layout.slots:
             s.param.data = self.layout.view(self.full, s)
         self.state = ParamState.UNSHARDED
+        if stage == 3:
+            self.free()
+        self.gathered_version = self.master._version
 
-    def _bind_empty(self):
-        for s in self.layout.slots:
-            s.param.data = torch.empty(0, dtype=self.param_dtype, device=self.compute_device)
-        self.state = ParamState.SHARDED
-
+    # ---- parameters ----------------------------------------------------------------------------
     def gather_async(self):
         """Starts the all-gather of the master shards (as param_dtype) into `full`. Every rank of the
         group must call it, in the same order as its other collectives."""
         self._gather_input = self.master.detach().to(self.compute_device, self.param_dtype, copy=True)
-        if self.full is None:
-            self.full = torch.empty(self.layout.padded_numel, dtype=self.param_dtype, device=self.compute_device)
+        storage = self.full.untyped_storage()
+        if storage.nbytes() != self._full_bytes:
+            storage.resize_(self._full_bytes)
         self._gather_work = comm.all_gather_single(self.full, self._gather_input, group=self.group, async_op=True)
         self.state = ParamState.GATHERING
         self.gathered_version = self.master._version
 
     def wait_gathered(self):
-        """Makes the module parameters views of the gathered weights (gathers now if none is in flight)."""
+        """Makes the gathered weights visible through the module parameters (gathers now if no gather
+        is in flight)."""
         if self.state is ParamState.SHARDED:
             self.gather_async()
         if self.state is ParamState.GATHERING:
             self._gather_work.wait()
             self._gather_work = self._gather_input = None
-            self._bind_views()
+            self.state = ParamState.UNSHARDED
 
     def free(self):
-        """Stage 3: drops the full weights (module parameters become empty)."""
+        """Stage 3: releases the full weights (the module parameters must not be read until the next
+        gather: forward and backward hooks gather before each use)."""
         if self.state is ParamState.GATHERING:
             self._gather_work.wait()
             self._gather_work = self._gather_input = None
-        self.full = None
-        self._bind_empty()
+        self.full.untyped_storage().resize_(0)
+        self.state = ParamState.SHARDED
 
     # ---- gradients -----------------------------------------------------------------------------
     def copy_grad_in(self, p: nn.Parameter, grad: torch.Tensor | None):
@@ -114,7 +113,10 @@ class ShardedGroup:
                                                            group=self.group, async_op=True)
 
     def finish_reduce(self):
-        """Waits for the reduction and adds this rank's averaged shard into master.grad (float32)."""
+        """Waits for the reduction and adds this rank's averaged shard into master.grad (float32);
+        does nothing when no reduction is pending."""
+        if self._reduce_work is None:
+            return
         self._reduce_work.wait()
         self._reduce_work = None
         if self.stage == 1:
@@ -134,7 +136,7 @@ class ShardedGroup:
     # ---- accounting ----------------------------------------------------------------------------
     def persistent_bytes(self) -> dict:
         """Bytes this group holds now: full weights, gradient buffers, master shard."""
-        full = self.full.numel() * self.full.element_size() if self.full is not None else 0
+        full = self.full.untyped_storage().nbytes()
         grads = self.grad_flat.numel() * self.grad_flat.element_size() if self.grad_flat is not None else 0
         if self.master.grad is not None:
             grads += self.master.grad.numel() * 4

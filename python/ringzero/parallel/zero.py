@@ -117,8 +117,8 @@ class ZeroDataParallel(nn.Module):
             reduce_order = unit_groups[::-1] + ([self.root] if self.root is not None else [])
         self._reduce_order = reduce_order
         self._stale = False
-        self._tracker = GradReadyTracker([g.layout.params for g in reduce_order], self._on_grad,
-                                         lambda i: reduce_order[i].reduce_async(), self._on_missing, self._finish)
+        self._tracker = GradReadyTracker([g.layout.params for g in reduce_order], self._on_grad, self._launch,
+                                         self._on_missing, self._finish)
         _LIVE.add(self)
 
     # ---- parameters seen by the optimizer ------------------------------------------------------
@@ -164,6 +164,13 @@ class ZeroDataParallel(nn.Module):
         g.copy_grad_in(p, p.grad)
         if group_done and self.stage == 3 and g is not self.root:
             self.units.after_backward(g)
+
+    def _launch(self, i: int):
+        self._reduce_order[i].reduce_async()
+        if i > 0:
+            # The previous group's reduction had this group's backward to overlap with; finishing it
+            # now frees its full gradient buffer, so at most two are alive (stages 2-3 keep shards only).
+            self._reduce_order[i - 1].finish_reduce()
 
     def _on_missing(self, i: int, params):
         g = self._reduce_order[i]
