@@ -9,6 +9,8 @@ rank (forward, backward, optimizer step, zero_grad). Peak memory: growth of the 
 set (VmHWM, reset through /proc/self/clear_refs) over its resident set before the model was built,
 with glibc told to return every allocation of 64 KiB or more to the OS (so RSS follows live tensors),
 after one plain step of a throwaway model has made the shared code pages and thread pools resident.
+ringzero's shared-memory staging segment (RINGZERO_SHM_BUFFER_BYTES x 2 per rank, shared by the ranks)
+is resident in every rank's RSS; "shm seg" shows it and "by share" counts each rank's share only.
 For ringzero ZeRO the bytes of params + grads + optimizer state (model.memory_bytes, after backward)
 are printed beside the ZeRO paper's formula with this run's 4-byte parameters and gradients.
 """
@@ -40,6 +42,22 @@ def _rss_kib(field: str) -> int:
             if line.startswith(field):
                 return int(line.split()[1])
     raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def _shm_segment_kib() -> tuple[int, int]:
+    """(Rss, Pss) in KiB of ringzero's shared-memory staging segments mapped in this process."""
+    rss = pss = 0
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if head and "-" in head[0] and len(head) >= 5 and not head[0].endswith(":"):
+                inside = any("ringzero-" in h for h in head[5:])
+            elif inside and head[0] == "Rss:":
+                rss += int(head[1])
+            elif inside and head[0] == "Pss:":
+                pss += int(head[1])
+    return rss, pss
 
 
 def _reset_peak():
@@ -112,9 +130,13 @@ def run(rank, world, method, steps, warmup, batch):
         opt.zero_grad()
         times.append(time.perf_counter() - t0)
     peak_kib = _rss_kib("VmHWM")
+    seg_rss, seg_pss = _shm_segment_kib()
     slowest = torch.tensor(times[warmup:], dtype=torch.float64)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    # The staging segment is shared by the ranks of the host but counted whole in each rank's RSS;
+    # "peak by share" counts each rank's share of it only (as Pss does).
     return {"step_s": statistics.median(slowest.tolist()), "peak_mib": (peak_kib - base_kib) / 1024,
+            "seg_mib": seg_rss / 1024, "shared_peak_mib": (peak_kib - base_kib - seg_rss + seg_pss) / 1024,
             "numel": numel, "accounted": accounted}
 
 
@@ -130,7 +152,8 @@ def main():
     print(f"# torch {torch.__version__}, {os.cpu_count()} CPUs, batch {args.batch} x 128 tokens per rank, "
           f"{args.steps} timed steps after {args.warmup}")
     print(f"{'world':>5} {'method':<22} {'step ms':>9} {'vs torch-ddp':>12} {'vs fsdp2':>9} {'peak MiB':>9} "
-          f"{'vs fsdp2':>9} {'accounted MiB':>13} {'formula MiB':>11} {'ratio':>6}")
+          f"{'vs fsdp2':>9} {'shm seg':>7} {'by share':>8} {'vs fsdp2':>9} {'accounted MiB':>13} {'formula MiB':>11} "
+          f"{'ratio':>6}")
     for world in args.worlds:
         res = {}
         for method in args.methods:
@@ -144,9 +167,13 @@ def main():
             fsdp = res.get("torch-fsdp2")
             fsdp_peak = max(r["peak_mib"] for r in fsdp) if fsdp else None
             acc = rs[0]["accounted"]
+            seg = max(r["seg_mib"] for r in rs)
+            shared = max(r["shared_peak_mib"] for r in rs)
+            fsdp_shared = max(r["shared_peak_mib"] for r in fsdp) if fsdp else None
             line = (f"{world:>5} {method:<22} {step * 1e3:>9.1f} {step / ddp if ddp else float('nan'):>12.2f} "
                     f"{step / fsdp[0]['step_s'] if fsdp else float('nan'):>9.2f} {peak:>9.1f} "
-                    f"{peak / fsdp_peak if fsdp_peak else float('nan'):>9.2f}")
+                    f"{peak / fsdp_peak if fsdp_peak else float('nan'):>9.2f} {seg:>7.1f} {shared:>8.1f} "
+                    f"{shared / fsdp_shared if fsdp_shared else float('nan'):>9.2f}")
             if acc is not None:
                 stage = int(method[-1])
                 formula = zero_memory_formula(stage, rs[0]["numel"], world, param_bytes=4, grad_bytes=4)

@@ -7,6 +7,10 @@
 from .comm import (CollectiveMismatch, CommError, CommTimeout, Communicator, ReduceOp, Work, all_gather_into_tensor,
                    all_gather_single, all_gather_v, all_reduce, barrier, broadcast, destroy_communicators,
                    get_communicator, reduce, reduce_scatter_single, reduce_scatter_tensor)
+from .parallel import DistributedDataParallel, ZeroDataParallel
+
+# ringzero.checkpoint (save / load / consolidate) is imported on use: `from ringzero import checkpoint`
+# (importing it here would make `python -m ringzero.checkpoint` warn about a double import).
 
 __version__ = "0.1.0"
 
@@ -14,4 +18,5 @@ __all__ = [
     "ReduceOp", "Work", "CommError", "CommTimeout", "CollectiveMismatch", "Communicator", "get_communicator",
     "destroy_communicators", "all_reduce", "reduce_scatter_single", "reduce_scatter_tensor", "all_gather_single",
     "all_gather_into_tensor", "all_gather_v", "broadcast", "reduce", "barrier",
+    "DistributedDataParallel", "ZeroDataParallel",
 ]

@@ -117,6 +117,7 @@ class ZeroDataParallel(nn.Module):
             reduce_order = unit_groups[::-1] + ([self.root] if self.root is not None else [])
         self._reduce_order = reduce_order
         self._stale = False
+        self._pending: list[ShardedGroup] = []  # groups whose reduction is in flight
         self._tracker = GradReadyTracker([g.layout.params for g in reduce_order], self._on_grad, self._launch,
                                          self._on_missing, self._finish)
         _LIVE.add(self)
@@ -161,16 +162,23 @@ class ZeroDataParallel(nn.Module):
     # ---- backward ------------------------------------------------------------------------------
     def _on_grad(self, i: int, p: nn.Parameter, group_done: bool):
         g = self._reduce_order[i]
+        if self.stage > 1 and g.grad_flat is None:
+            # Stages 2-3 keep one full gradient buffer at a time: the reductions launched before
+            # overlapped with the backward computed since; finishing them here frees their buffers
+            # before this group allocates its own (FSDP2 on CPU is as tight: its reductions are inline).
+            self._finish_pending()
         g.copy_grad_in(p, p.grad)
         if group_done and self.stage == 3 and g is not self.root:
             self.units.after_backward(g)
 
     def _launch(self, i: int):
         self._reduce_order[i].reduce_async()
-        if i > 0:
-            # The previous group's reduction had this group's backward to overlap with; finishing it
-            # now frees its full gradient buffer, so at most two are alive (stages 2-3 keep shards only).
-            self._reduce_order[i - 1].finish_reduce()
+        self._pending.append(self._reduce_order[i])
+
+    def _finish_pending(self):
+        for g in self._pending:
+            g.finish_reduce()
+        self._pending = []
 
     def _on_missing(self, i: int, params):
         g = self._reduce_order[i]
@@ -180,8 +188,7 @@ class ZeroDataParallel(nn.Module):
             self.units.after_backward(g)
 
     def _finish(self):
-        for g in self._reduce_order:
-            g.finish_reduce()
+        self._finish_pending()
         if self.stage == 3:
             for g in self.groups:
                 if g.state is not ParamState.SHARDED:
