@@ -87,6 +87,7 @@ def test_save_world4_resume_world2_and_3_and_consolidate(tmp_path):
         resumed = run_ranks(world, resume_run, root, kind, stage)[0]
         diffs = [abs(a - b) for a, b in zip(resumed, uninterrupted[SAVE_AT:])]
         assert len(resumed) == TOTAL - SAVE_AT and max(diffs) <= 1e-4, (world, kind, stage, resumed, uninterrupted)
+        print(f"resumed at world {world} ({kind} stage {stage}): max loss difference {max(diffs):.2e}")
 
     from ringzero import checkpoint
     state = checkpoint.consolidate(root)
