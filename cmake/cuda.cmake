@@ -16,6 +16,7 @@ endif()
 message(STATUS "ringzero: building CUDA sources for sm_${RINGZERO_CUDA_ARCHS}")
 
 set(RINGZERO_CUDA_SOURCES
+  csrc/cuda/adam.cu
 )
 if(RINGZERO_CUDA_SOURCES)
   add_library(ringzero_cuda STATIC ${RINGZERO_CUDA_SOURCES})

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <sstream>
 #include <thread>
@@ -33,9 +34,13 @@ constexpr uint64_t kMagic = 0x72696e677a65726fULL;  // "ringzero"
 constexpr int kMaxRanks = 256;
 constexpr size_t kHeaderBytes = 4096;
 constexpr size_t kPageBytes = 4096;
-// Wait backoff: spin (when every rank has a core), then yield, then sleep in growing steps. Yielding
-// first keeps 4 ranks on 2 cores moving; the sleep cap bounds the latency lost by a long wait.
-constexpr int kSpinIters = 1 << 14;  // about 100-500 us of pause instructions
+// Wait backoff: spin briefly (only when every rank has a core), then yield, then sleep in growing
+// steps. A peer that is not running cannot be waited for by spinning: with another process on the core,
+// a 16k-iteration spin cost ~460 us per collective on the 2-core CI machine (2026-11-21), a 20 us spin
+// keeps the idle-machine latency and hands the core over quickly. The sleep cap bounds the latency
+// lost by a long wait.
+constexpr double kSpinS = 20e-6;
+constexpr int kClockEvery = 64;  // spin iterations between clock reads
 constexpr double kYieldS = 0.005;
 constexpr double kSleepMinS = 10e-6;
 constexpr double kSleepMaxS = 250e-6;
@@ -52,7 +57,22 @@ int usable_cpus() {
   return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }
 
-bool process_gone(int pid) { return pid > 0 && kill(pid, 0) != 0 && errno == ESRCH; }
+// A peer is gone when its pid no longer exists or is a zombie (killed, not yet reaped by its parent:
+// kill(pid, 0) still succeeds then, so /proc is consulted).
+bool process_gone(int pid) {
+  if (pid <= 0) return false;
+  if (kill(pid, 0) != 0) return errno == ESRCH;
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+  FILE* f = std::fopen(path, "r");
+  if (!f) return false;
+  char buf[512];
+  const size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+  std::fclose(f);
+  buf[n] = 0;
+  const char* close_paren = std::strrchr(buf, ')');  // the command name may contain spaces
+  return close_paren && close_paren[1] == ' ' && (close_paren[2] == 'Z' || close_paren[2] == 'X');
+}
 
 std::string join(const std::vector<int>& v) {
   std::ostringstream s;
@@ -90,9 +110,11 @@ static_assert(sizeof(ShmComm::Header) <= kHeaderBytes, "header must fit its page
 
 // One per rank, written only by that rank. Counters and fingerprints sit on separate cache lines.
 struct alignas(128) ShmComm::Control {
-  std::atomic<uint64_t> arrive;  // phases this rank has completed
-  std::atomic<uint64_t> done;    // last slice whose peer reads this rank has finished
-  char pad[128 - 2 * sizeof(std::atomic<uint64_t>)];
+  std::atomic<uint64_t> arrive;     // phases this rank has completed
+  std::atomic<uint64_t> done;       // last slice whose peer reads this rank has finished
+  std::atomic<uint64_t> last_seq;   // sequence number of the last collective this rank completed
+  std::atomic<int32_t> last_kind;   // and its kind (a CollectiveKind)
+  char pad[128 - 3 * sizeof(std::atomic<uint64_t>) - sizeof(std::atomic<int32_t>)];
   Fingerprint fp[2];  // by slice parity, like the slots
 };
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "cross-process flags need lock-free atomics");
@@ -162,6 +184,23 @@ void ShmComm::start_op(CollectiveKind kind, DType dtype, ReduceOp op, int root, 
   check_abort();
 }
 
+void ShmComm::finish_op() {
+  control(rank_)->last_kind.store(current_.kind, std::memory_order_relaxed);
+  control(rank_)->last_seq.store(current_.seq, std::memory_order_release);
+}
+
+std::string ShmComm::last_completed_table() const {
+  std::ostringstream s;
+  s << "last completed op per group rank:";
+  for (int q = 0; q < nranks_; ++q) {
+    const uint64_t seq = control(q)->last_seq.load(std::memory_order_acquire);
+    s << (q ? ", " : " ") << group_ranks_[q] << ": ";
+    if (seq == 0) s << "none";
+    else s << collective_name(static_cast<CollectiveKind>(control(q)->last_kind.load())) << " #" << seq;
+  }
+  return s.str();
+}
+
 void ShmComm::signal() { control(rank_)->arrive.store(++phase_, std::memory_order_release); }
 
 uint64_t ShmComm::begin_slice() {
@@ -170,9 +209,13 @@ uint64_t ShmComm::begin_slice() {
     // Slot parity k % 2 was last used by slice k - 2: every reader of it must be finished.
     for (int q = 0; q < nranks_; ++q) {
       if (control(q)->done.load(std::memory_order_acquire) >= k - 2) continue;
-      double next_check = now_s() + kCheckEveryS;
+      const double start = now_s();
+      double next_check = start + kCheckEveryS;
       for (int iter = 0; control(q)->done.load(std::memory_order_acquire) < k - 2; ++iter) {
-        if (iter < kSpinIters && spin_) { RZ_CPU_RELAX(); continue; }
+        if (spin_ && (iter % kClockEvery != 0 || now_s() - start < kSpinS)) {
+          RZ_CPU_RELAX();
+          continue;
+        }
         sched_yield();
         const double t = now_s();
         if (t >= next_check) {
@@ -207,7 +250,7 @@ void ShmComm::wait_for(const std::vector<int>& ranks, uint64_t phase) {
   double sleep_s = kSleepMinS;
   for (int iter = 0;; ++iter) {
     if (advance()) return;
-    if (spin_ && iter < kSpinIters) {
+    if (spin_ && (iter % kClockEvery != 0 || now_s() - start < kSpinS)) {
       RZ_CPU_RELAX();
       continue;
     }
@@ -246,7 +289,8 @@ void ShmComm::fail_wait(const std::vector<int>& ranks, uint64_t phase, const cha
     << current_.seq << ") on group rank " << group_ranks_[rank_] << ": " << why << " after "
     << timeout_s_ << " s limit while waiting for group ranks " << join(missing);
   if (!exited.empty()) s << "; ranks " << join(exited) << " have exited";
-  s << ". Every rank must call the same collectives in the same order; raise RINGZERO_TIMEOUT_S if "
+  s << ". " << last_completed_table()
+    << ". Every rank must call the same collectives in the same order; raise RINGZERO_TIMEOUT_S if "
        "a rank is legitimately slow.";
   abort_all(s.str());
   throw CommTimeoutError(s.str());
@@ -326,7 +370,7 @@ AllReduceAlgo ShmComm::choose_all_reduce(size_t bytes) const {
 }
 
 void ShmComm::all_reduce(const void* in, void* out, size_t count, DType dtype, ReduceOp op, AllReduceAlgo algo) {
-  start_op(CollectiveKind::AllReduce, dtype, op, -1, count);
+  OpGuard guard(this, CollectiveKind::AllReduce, dtype, op, -1, count);
   if (nranks_ == 1) {
     if (in != out) std::memcpy(out, in, count * dtype_size(dtype));
     return;
@@ -439,7 +483,7 @@ void ShmComm::all_reduce_ring(const void* in, void* out, size_t count, DType dty
 // all slots straight into its output. Per rank per slice of B bytes of output: writes n*B to shm,
 // reads n*B, writes B; one synchronisation.
 void ShmComm::reduce_scatter(const void* in, void* out, size_t count_per_rank, DType dtype, ReduceOp op) {
-  start_op(CollectiveKind::ReduceScatter, dtype, op, -1, count_per_rank);
+  OpGuard guard(this, CollectiveKind::ReduceScatter, dtype, op, -1, count_per_rank);
   const size_t es = dtype_size(dtype);
   if (nranks_ == 1) {
     if (in != out) std::memcpy(out, in, count_per_rank * es);
@@ -465,7 +509,7 @@ void ShmComm::reduce_scatter(const void* in, void* out, size_t count_per_rank, D
 }
 
 void ShmComm::all_gather(const void* in, void* out, size_t count, DType dtype) {
-  start_op(CollectiveKind::AllGather, dtype, ReduceOp::Sum, -1, count);
+  OpGuard guard(this, CollectiveKind::AllGather, dtype, ReduceOp::Sum, -1, count);
   const size_t es = dtype_size(dtype);
   const size_t slot_elems = slot_bytes_ / es;
   if (nranks_ == 1) {
@@ -499,7 +543,7 @@ void ShmComm::all_gather_v(const void* in, void* out, const std::vector<size_t>&
     total += counts[q];
     hash = (hash ^ counts[q]) * 1099511628211ULL;
   }
-  start_op(CollectiveKind::AllGatherV, dtype, ReduceOp::Sum, static_cast<int32_t>(hash & 0x7fffffff), total);
+  OpGuard guard(this, CollectiveKind::AllGatherV, dtype, ReduceOp::Sum, static_cast<int32_t>(hash & 0x7fffffff), total);
   const size_t es = dtype_size(dtype);
   const size_t slot_elems = slot_bytes_ / es;
   if (nranks_ == 1) {
@@ -527,7 +571,7 @@ void ShmComm::all_gather_v(const void* in, void* out, const std::vector<size_t>&
 // for the root alone. Per non-root per slice of B bytes: reads B, writes B.
 void ShmComm::broadcast(void* buf, size_t count, DType dtype, int root) {
   if (root < 0 || root >= nranks_) throw InvalidArgument("root out of range");
-  start_op(CollectiveKind::Broadcast, dtype, ReduceOp::Sum, root, count);
+  OpGuard guard(this, CollectiveKind::Broadcast, dtype, ReduceOp::Sum, root, count);
   if (nranks_ == 1) return;
   const size_t es = dtype_size(dtype);
   const size_t slot_elems = slot_bytes_ / es;
@@ -552,7 +596,7 @@ void ShmComm::broadcast(void* buf, size_t count, DType dtype, int root) {
 // Per root per slice of B bytes: reads n*B, writes B; non-roots write B to shm.
 void ShmComm::reduce(const void* in, void* out, size_t count, DType dtype, ReduceOp op, int root) {
   if (root < 0 || root >= nranks_) throw InvalidArgument("root out of range");
-  start_op(CollectiveKind::Reduce, dtype, op, root, count);
+  OpGuard guard(this, CollectiveKind::Reduce, dtype, op, root, count);
   const size_t es = dtype_size(dtype);
   if (nranks_ == 1) {
     if (in != out) std::memcpy(out, in, count * es);
@@ -580,7 +624,7 @@ void ShmComm::reduce(const void* in, void* out, size_t count, DType dtype, Reduc
 }
 
 void ShmComm::barrier() {
-  start_op(CollectiveKind::Barrier, DType::U8, ReduceOp::Sum, -1, 0);
+  OpGuard guard(this, CollectiveKind::Barrier, DType::U8, ReduceOp::Sum, -1, 0);
   if (nranks_ == 1) return;
   const uint64_t k = begin_slice();
   publish_fingerprint(k);

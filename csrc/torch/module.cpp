@@ -10,6 +10,8 @@
 namespace py = pybind11;
 using namespace ringzero;
 
+void bind_adam(py::module& m);  // adam_bindings.cpp
+
 namespace {
 
 DType to_dtype(const at::Tensor& t, const char* arg) {
@@ -70,6 +72,7 @@ PYBIND11_MODULE(_C, m) {
     }
   });
 
+  bind_adam(m);
   m.def("reduce_isa", &reduce_isa, "Instruction set of the CPU reduction kernels in use");
 
   m.def(

@@ -19,6 +19,7 @@
 #include "core/half.h"
 #include "core/reduce.h"
 #include "core/shm_comm.h"
+#include "test_util.h"
 
 using namespace ringzero;
 
@@ -27,44 +28,6 @@ const ReduceTable* reduce_table_baseline();
 const ReduceTable* reduce_table_avx2();
 const ReduceTable* reduce_table_avx512();
 }  // namespace ringzero
-
-static int g_failures = 0;
-#define CHECK(cond, ...)                                      \
-  do {                                                        \
-    if (!(cond)) {                                            \
-      ++g_failures;                                           \
-      std::fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-      std::fprintf(stderr, __VA_ARGS__);                      \
-      std::fprintf(stderr, "\n");                             \
-    }                                                         \
-  } while (0)
-
-// ---- element helpers: store/load any dtype from double ----
-static void put(void* p, size_t i, DType t, double v) {
-  switch (t) {
-    case DType::F32: static_cast<float*>(p)[i] = static_cast<float>(v); break;
-    case DType::F64: static_cast<double*>(p)[i] = v; break;
-    case DType::BF16: static_cast<uint16_t*>(p)[i] = f32_to_bf16(static_cast<float>(v)); break;
-    case DType::F16: static_cast<_Float16*>(p)[i] = static_cast<_Float16>(static_cast<float>(v)); break;
-    case DType::I8: static_cast<int8_t*>(p)[i] = static_cast<int8_t>(v); break;
-    case DType::U8: static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v); break;
-    case DType::I32: static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); break;
-    case DType::I64: static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v); break;
-  }
-}
-static double get(const void* p, size_t i, DType t) {
-  switch (t) {
-    case DType::F32: return static_cast<const float*>(p)[i];
-    case DType::F64: return static_cast<const double*>(p)[i];
-    case DType::BF16: return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
-    case DType::F16: return static_cast<float>(static_cast<const _Float16*>(p)[i]);
-    case DType::I8: return static_cast<const int8_t*>(p)[i];
-    case DType::U8: return static_cast<const uint8_t*>(p)[i];
-    case DType::I32: return static_cast<const int32_t*>(p)[i];
-    case DType::I64: return static_cast<const int64_t*>(p)[i];
-  }
-  return 0;
-}
 
 // Small integers in [-3, 3] \ {0} (uint8: [0, 3]) varying with both rank and position; sums stay exact
 // in every dtype, products may wrap in 8 bits (the reference wraps the same way).
