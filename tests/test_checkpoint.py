@@ -1,11 +1,12 @@
-"""ringzero.checkpoint: save at world 4, load at worlds 2 and 3 (other stages too) and continue with the
+"""ringzero.checkpoint: save at world 4 (ZeRO-3, torch AdamW), load at worlds 2 and 3 (ZeRO-1/2/3, DDP;
+one of them into ringzero.optim.FusedAdamW) and continue with the
 same losses as the uninterrupted world-4 run; consolidate gives the state_dict of one process training
 the same steps (float64 torch.optim.AdamW reference, as in test_parallel_parity.py) and loads into the
 plain module; the CLI writes the same tensors; an interrupted save (every rank stopped between writing
 its shard and the manifest) leaves the previous checkpoint as the one that loads.
 
 Loss tolerance: 1e-4 absolute (float32 runs at different world sizes reduce in different orders;
-measured differences are about 1e-6). State tolerance: as in test_parallel_parity.py (1e-3).
+measured: at most 2.4e-7). State tolerance: as in test_parallel_parity.py (1e-3).
 """
 import os
 import subprocess
@@ -70,10 +71,12 @@ def save_run(rank, world, root):
     return first + steps(model, opt, data_all(), rank, world, SAVE_AT, TOTAL)
 
 
-def resume_run(rank, world, root, kind, stage):
+def resume_run(rank, world, root, kind, stage, fused=False):
+    import ringzero
     from ringzero import checkpoint
     model = make_wrapped(kind, stage)
-    opt = torch.optim.AdamW(model.parameters(), lr=LR * 3, weight_decay=0.0)  # overwritten by load
+    make = ringzero.optim.FusedAdamW if fused else torch.optim.AdamW  # torch AdamW's state loads in either
+    opt = make(model.parameters(), lr=LR * 3, weight_decay=0.0)  # hyperparameters overwritten by load
     info = checkpoint.load(root, model, opt)
     assert info["step"] == SAVE_AT and info["extra"] == {"note": "after two steps"}
     assert opt.param_groups[0]["lr"] == LR and opt.param_groups[0]["weight_decay"] == WD
@@ -83,8 +86,9 @@ def resume_run(rank, world, root, kind, stage):
 def test_save_world4_resume_world2_and_3_and_consolidate(tmp_path):
     root = str(tmp_path / "ckpt")
     uninterrupted = run_ranks(4, save_run, root)[0]
-    for world, kind, stage in [(2, "zero", 2), (3, "zero", 3), (2, "ddp", None), (3, "zero", 1)]:
-        resumed = run_ranks(world, resume_run, root, kind, stage)[0]
+    for world, kind, stage, fused in [(2, "zero", 2, False), (3, "zero", 3, False), (2, "ddp", None, False),
+                                      (3, "zero", 1, True)]:
+        resumed = run_ranks(world, resume_run, root, kind, stage, fused)[0]
         diffs = [abs(a - b) for a, b in zip(resumed, uninterrupted[SAVE_AT:])]
         assert len(resumed) == TOTAL - SAVE_AT and max(diffs) <= 1e-4, (world, kind, stage, resumed, uninterrupted)
         print(f"resumed at world {world} ({kind} stage {stage}): max loss difference {max(diffs):.2e}")

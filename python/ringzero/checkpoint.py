@@ -220,7 +220,17 @@ def load(path, model, optimizer=None) -> dict:
             buf = torch.zeros(count, dtype=torch.float32)
             reader.fill(layout, start, count, f"state.{key}", buf)
             state[key] = buf.view_as(opt_param).to(opt_param.device)
-        optimizer.state[opt_param] = state
+        current = optimizer.state.get(opt_param, {})
+        for key, v in state.items():
+            # Copy into existing state tensors (an optimizer such as FusedAdamW keeps them as views of
+            # its flat buffers, which its kernel updates); otherwise install the loaded ones.
+            old = current.get(key)
+            if isinstance(old, torch.Tensor) and isinstance(v, torch.Tensor) and old.shape == v.shape:
+                with torch.no_grad():
+                    old.copy_(v)
+            else:
+                current[key] = v
+        optimizer.state[opt_param] = current
     rank0 = reader.files[0]
     with torch.no_grad():
         for name, b in _wrapped(model).named_buffers():
