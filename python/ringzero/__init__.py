@@ -11,6 +11,10 @@ from . import ops, optim
 from .comm import backend_stats, patch, register_backend, unpatch
 
 register_backend()  # makes torch.distributed.init_process_group("ringzero") work
+from .parallel import DistributedDataParallel, ZeroDataParallel
+
+# ringzero.checkpoint (save / load / consolidate) is imported on use: `from ringzero import checkpoint`
+# (importing it here would make `python -m ringzero.checkpoint` warn about a double import).
 
 __version__ = "0.1.0"
 
@@ -19,4 +23,5 @@ __all__ = [
     "destroy_communicators", "comm_seconds", "all_reduce", "reduce_scatter_single", "reduce_scatter_tensor",
     "all_gather_single", "all_gather_into_tensor", "all_gather_v", "broadcast", "reduce", "barrier", "ops", "optim",
     "patch", "unpatch", "backend_stats",
+    "DistributedDataParallel", "ZeroDataParallel",
 ]
