@@ -26,10 +26,26 @@ def _worker(rank: int, nproc: int, port: int, fn, args):
     _run(fn, args, nproc)
 
 
+def _init_process_group():
+    """env:// rendezvous, with the keys of each torchrun attempt under their own prefix: after a restart
+    the store still holds the dead attempt's gloo addresses, and connecting to them fails."""
+    if "TORCHELASTIC_RESTART_COUNT" not in os.environ:
+        dist.init_process_group("gloo")
+        return
+    import datetime
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
+                          timeout=datetime.timedelta(seconds=300))
+    attempt = os.environ["TORCHELASTIC_RESTART_COUNT"]
+    dist.init_process_group("gloo", store=dist.PrefixStore(f"ringzero/attempt-{attempt}", store), rank=rank,
+                            world_size=world)
+
+
 def _run(fn, args, local_world: int):
     # Each rank gets its share of the cores for its own compute (torch intra-op threads).
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local_world)))
-    dist.init_process_group("gloo")
+    _init_process_group()
     try:
         fn(*args)
     finally:

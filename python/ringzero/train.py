@@ -102,10 +102,10 @@ def main(argv=None):
             raise SystemExit("ringzero train: under torchrun pass --strategy, not --compare")
         if args.out:
             os.makedirs(args.out, exist_ok=True)
-            _rank_main(args, args.strategies[0], os.path.join(args.out, "results.json"))
+            launch(_rank_main, args.nproc, args, args.strategies[0], os.path.join(args.out, "results.json"))
         else:
             with tempfile.TemporaryDirectory() as tmp:
-                _rank_main(args, args.strategies[0], os.path.join(tmp, "r.json"))
+                launch(_rank_main, args.nproc, args, args.strategies[0], os.path.join(tmp, "r.json"))
         return 0
     results = []
     with tempfile.TemporaryDirectory() as tmp:
