@@ -13,7 +13,9 @@ The floor is bytes moved / the memory bandwidth measured in the same run (the fa
 and an in-place add_, every byte read or written counted). Prints time (median), GB/s counted with our bytes per parameter, the fraction
 of the floor, and the speed ratio baseline_time / our_time.
 
-    python benchmarks/optim.py [--sizes 1M,16M,128M] [--device cpu|cuda]
+    python benchmarks/optim.py [--sizes 1M,16M,128M] [--device cpu|cuda] [--threads N]
+
+With --device cuda the table is also written to benchmarks/results/optim_<gpu name>.txt.
 """
 from __future__ import annotations
 
@@ -160,9 +162,15 @@ def main():
     bw = memory_bandwidth(device, 10)
     where = torch.cuda.get_device_name() if device.type == "cuda" else \
         f"CPU, {torch.get_num_threads()} threads, ISA {ringzero._C.adam_isa()}"
-    print(f"# device: {where}; memory bandwidth {bw / 1e9:.1f} GB/s (best of copy_, add_); torch {torch.__version__}; "
+    lines = []
+
+    def emit(line):
+        print(line, flush=True)
+        lines.append(line)
+
+    emit(f"# device: {where}; memory bandwidth {bw / 1e9:.1f} GB/s (best of copy_, add_); torch {torch.__version__}; "
           f"load average {os.getloadavg()[0]:.1f}")
-    print(f"{'case':5} {'params':>8} {'impl':16} {'B/param':>7} {'time ms':>9} {'GB/s':>7} {'floor':>6} "
+    emit(f"{'case':5} {'params':>8} {'impl':16} {'B/param':>7} {'time ms':>9} {'GB/s':>7} {'floor':>6} "
           f"{'vs torch fused/seq':>18} {'vs foreach':>10}")
     for s in args.sizes.split(","):
         n = parse_size(s)
@@ -176,8 +184,14 @@ def main():
                 floor = 28 * n / bw if case == "a" else 30 * n / bw  # the fused step's bytes at the measured bandwidth
                 ratio = f"{base / t:.2f}x" if name == "ringzero" else ""
                 fe = f"{times['torch foreach'] / t:.2f}x" if name == "ringzero" and "torch foreach" in times else ""
-                print(f"{case:5} {s:>8} {name:16} {bpp:7d} {t * 1e3:9.2f} {gbs:7.1f} {floor / t:6.2f} "
-                      f"{ratio:>18} {fe:>10}", flush=True)
+                emit(f"{case:5} {s:>8} {name:16} {bpp:7d} {t * 1e3:9.2f} {gbs:7.1f} {floor / t:6.2f} "
+                     f"{ratio:>18} {fe:>10}")
+    if device.type == "cuda":  # GPU tables are kept as files (benchmarks/results/), CPU ones in RESULTS.md
+        out_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+        os.makedirs(out_dir, exist_ok=True)
+        name = "optim_" + torch.cuda.get_device_name().replace(" ", "_") + ".txt"
+        with open(os.path.join(out_dir, name), "w") as f:
+            f.write("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

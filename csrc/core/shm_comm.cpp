@@ -16,6 +16,7 @@
 
 #include "chunks.h"
 #include "errors.h"
+#include "futex.h"
 #include "reduce.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -42,8 +43,9 @@ constexpr size_t kPageBytes = 4096;
 constexpr double kSpinS = 20e-6;
 constexpr int kClockEvery = 64;  // spin iterations between clock reads
 constexpr double kYieldS = 0.005;
-constexpr double kSleepMinS = 10e-6;
-constexpr double kSleepMaxS = 250e-6;
+// Without spinning (more ranks than cores, or a waiter whose process computes on other threads),
+// a waiter sleeps in the kernel on its peer's futex word and the peer wakes it on arrival: under
+// oversubscription a polling sleep costs a scheduling delay per phase, a futex wake does not.
 constexpr double kCheckEveryS = 0.02;  // abort flag, peer liveness and deadline
 
 double now_s() {
@@ -98,10 +100,7 @@ const char* collective_name(CollectiveKind kind) {
 }
 
 struct ShmComm::Header {
-  uint64_t magic;
-  int32_t nranks;
-  int32_t reserved;
-  uint64_t slot_bytes;
+  SegmentTag tag;
   std::atomic<int32_t> abort_rank;  // -1 while healthy; else the local rank that aborted first
   char abort_reason[1024];
   std::atomic<int32_t> pids[kMaxRanks];
@@ -110,11 +109,13 @@ static_assert(sizeof(ShmComm::Header) <= kHeaderBytes, "header must fit its page
 
 // One per rank, written only by that rank. Counters and fingerprints sit on separate cache lines.
 struct alignas(128) ShmComm::Control {
-  std::atomic<uint64_t> arrive;     // phases this rank has completed
-  std::atomic<uint64_t> done;       // last slice whose peer reads this rank has finished
-  std::atomic<uint64_t> last_seq;   // sequence number of the last collective this rank completed
-  std::atomic<int32_t> last_kind;   // and its kind (a CollectiveKind)
-  char pad[128 - 3 * sizeof(std::atomic<uint64_t>) - sizeof(std::atomic<int32_t>)];
+  std::atomic<uint64_t> arrive;       // phases this rank has completed
+  std::atomic<uint64_t> done;         // last slice whose peer reads this rank has finished
+  std::atomic<uint64_t> last_seq;     // sequence number of the last collective this rank completed
+  std::atomic<int32_t> last_kind;     // and its kind (a CollectiveKind)
+  std::atomic<uint32_t> arrive_word;  // low 32 bits of arrive: the futex word sleepers wait on
+  std::atomic<uint32_t> sleepers;     // ranks asleep (or about to be) on arrive_word
+  char pad[128 - 3 * sizeof(std::atomic<uint64_t>) - sizeof(std::atomic<int32_t>) - 2 * sizeof(std::atomic<uint32_t>)];
   Fingerprint fp[2];  // by slice parity, like the slots
 };
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "cross-process flags need lock-free atomics");
@@ -143,21 +144,9 @@ ShmComm::ShmComm(const std::string& name, int rank, int nranks, size_t slot_byte
   for (int i = 0; i < nranks; ++i) all_ranks_.push_back(i);
   spin_ = nranks <= usable_cpus();
 
-  const size_t bytes = segment_bytes(nranks, slot_bytes);
-  if (name.empty()) {
-    seg_ = ShmSegment::create(bytes);
-    Header* h = static_cast<Header*>(seg_.data());
-    h->magic = kMagic;
-    h->nranks = nranks;
-    h->slot_bytes = slot_bytes;
-    h->abort_rank.store(-1);
-  } else {
-    seg_ = ShmSegment::open(name, bytes);
-    const Header* h = static_cast<const Header*>(seg_.data());
-    if (h->magic != kMagic || h->nranks != nranks || h->slot_bytes != slot_bytes)
-      throw CommError("shared-memory segment " + name + " was made for another communicator (world size "
-                      "or RINGZERO_SHM_BUFFER_BYTES differ between ranks)");
-  }
+  seg_ = ShmSegment::create_or_open(name, segment_bytes(nranks, slot_bytes),
+                                    SegmentTag{kMagic, nranks, 0, slot_bytes}, "communicator");
+  if (name.empty()) static_cast<Header*>(seg_.data())->abort_rank.store(-1);
   static_cast<Header*>(seg_.data())->pids[rank].store(static_cast<int32_t>(getpid()));
 }
 
@@ -201,7 +190,14 @@ std::string ShmComm::last_completed_table() const {
   return s.str();
 }
 
-void ShmComm::signal() { control(rank_)->arrive.store(++phase_, std::memory_order_release); }
+void ShmComm::signal() {
+  Control* c = control(rank_);
+  c->arrive.store(++phase_, std::memory_order_release);
+  // seq_cst store then load, paired with the sleeper's increment then load in wait_for: either we
+  // see the sleeper and wake it, or it sees the new word and does not sleep.
+  c->arrive_word.store(static_cast<uint32_t>(phase_));
+  if (c->sleepers.load() != 0) futex_wake_all(&c->arrive_word);
+}
 
 uint64_t ShmComm::begin_slice() {
   const uint64_t k = ++slice_;
@@ -247,7 +243,6 @@ void ShmComm::wait_for(const std::vector<int>& ranks, uint64_t phase) {
   if (advance()) return;
   const double start = now_s();
   double next_check = start + kCheckEveryS;
-  double sleep_s = kSleepMinS;
   for (int iter = 0;; ++iter) {
     if (advance()) return;
     if (spin_ && (iter % kClockEvery != 0 || now_s() - start < kSpinS)) {
@@ -255,11 +250,14 @@ void ShmComm::wait_for(const std::vector<int>& ranks, uint64_t phase) {
       continue;
     }
     const double t = now_s();
-    if (t - start < kYieldS) {
+    if (spin_ && t - start < kYieldS) {
       sched_yield();
     } else {
-      std::this_thread::sleep_for(std::chrono::duration<double>(sleep_s));
-      sleep_s = std::min(kSleepMaxS, sleep_s * 2);
+      Control* peer = control(ranks[ready]);
+      peer->sleepers.fetch_add(1);
+      const uint32_t seen = peer->arrive_word.load();
+      if (peer->arrive.load() < phase) futex_wait(&peer->arrive_word, seen, kCheckEveryS);
+      peer->sleepers.fetch_sub(1);
     }
     if (t >= next_check) {
       next_check = t + kCheckEveryS;

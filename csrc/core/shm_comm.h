@@ -56,6 +56,9 @@ class ShmComm {
   size_t slot_bytes() const { return slot_bytes_; }
   uint64_t seq() const { return seq_; }
   void set_timeout(double timeout_s) { timeout_s_ = timeout_s; }
+  // Spinning is on by default when every rank has a core; a caller whose rank computes on other
+  // threads while it waits (the c10d backend's worker thread) turns it off to leave them the core.
+  void set_spin(bool spin) { spin_ = spin && spin_; }
 
   // All pointers are this process's memory; counts are elements. `in` may equal `out` where shapes
   // allow (all_reduce, broadcast, reduce). Every rank of the host must call the same collective with

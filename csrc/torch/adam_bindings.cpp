@@ -137,7 +137,6 @@ void adam_step_list(std::vector<at::Tensor> params, std::vector<at::Tensor> grad
     TORCH_CHECK(err == cudaSuccess, "adam_step_cuda failed: ", cudaGetErrorString(err));
   }
 #else
-  (void)scalar_ptr;
   TORCH_CHECK_VALUE(false, "params are on ", params[0].device(), " but ringzero was built without CUDA");
 #endif
 }

@@ -52,7 +52,7 @@ def _check_tensors(ts, arg, op, dtypes, device, numels=None):
             raise ValueError(f"ringzero.ops.{op}: {name} is on {t.device}; only CPU and CUDA tensors are supported")
 
 
-def _scalar(value, arg, op, device, lo=None, lo_open=False, hi=None):
+def _scalar(value, arg, op, device, lo=None, hi=None):
     """A hyperparameter given as a number or a one-element tensor. Returns (host_value, device_tensor).
 
     CPU tensors are read on the host (free); CUDA tensors are passed to the kernel (no sync)."""
@@ -74,8 +74,8 @@ def _scalar(value, arg, op, device, lo=None, lo_open=False, hi=None):
         value = float(value)
     else:
         raise TypeError(f"ringzero.ops.{op}: {arg} must be a number or a one-element tensor, got {type(value).__name__}")
-    if lo is not None and not (value > lo if lo_open else value >= lo):
-        raise ValueError(f"ringzero.ops.{op}: {arg}={value} must be {'>' if lo_open else '>='} {lo}")
+    if lo is not None and not value >= lo:
+        raise ValueError(f"ringzero.ops.{op}: {arg}={value} must be >= {lo}")
     if hi is not None and not value < hi:
         raise ValueError(f"ringzero.ops.{op}: {arg}={value} must be < {hi}")
     return value, None
@@ -133,13 +133,15 @@ def adam_step_multi_(params: Sequence[torch.Tensor], grads, exp_avgs, exp_avg_sq
     for k in range(n):
         if exp_avg_sqs[k].dtype != exp_avgs[k].dtype or (max_exp_avg_sqs and max_exp_avg_sqs[k].dtype != exp_avgs[k].dtype):
             raise TypeError(f"ringzero.ops.{op}: exp_avg, exp_avg_sq and max_exp_avg_sq must share one dtype")
-    for name, v in (("beta1", beta1), ("beta2", beta2)):
+    cpu = torch.device("cpu")
+    for name, v in (("beta1", beta1), ("beta2", beta2), ("eps", eps), ("weight_decay", weight_decay)):
         if isinstance(v, torch.Tensor):
-            raise TypeError(f"ringzero.ops.{op}: {name} must be a number")
-    _, _ = _scalar(beta1, "beta1", op, torch.device("cpu"), lo=0.0, hi=1.0)
-    _, _ = _scalar(beta2, "beta2", op, torch.device("cpu"), lo=0.0, hi=1.0)
-    eps_v, _ = _scalar(eps, "eps", op, torch.device("cpu"), lo=0.0)
-    wd_v, _ = _scalar(weight_decay, "weight_decay", op, torch.device("cpu"), lo=0.0)
+            raise TypeError(f"ringzero.ops.{op}: {name} must be a number (only lr, step, inv_scale, clip_coef and "
+                            "found_inf may be tensors)")
+    _scalar(beta1, "beta1", op, cpu, lo=0.0, hi=1.0)
+    _scalar(beta2, "beta2", op, cpu, lo=0.0, hi=1.0)
+    eps_v, _ = _scalar(eps, "eps", op, cpu, lo=0.0)
+    wd_v, _ = _scalar(weight_decay, "weight_decay", op, cpu, lo=0.0)
     lr_v, lr_t = _scalar(lr, "lr", op, device, lo=0.0)
     step_v, step_t = _scalar(step, "step", op, device, lo=1.0)
     inv_v, inv_t = _scalar(1.0 if inv_scale is None else inv_scale, "inv_scale", op, device)

@@ -100,8 +100,12 @@ def main(argv=None):
     if under_torchrun():
         if len(args.strategies) != 1:
             raise SystemExit("ringzero train: under torchrun pass --strategy, not --compare")
-        with tempfile.TemporaryDirectory() as tmp:
-            _rank_main(args, args.strategies[0], os.path.join(tmp, "r.json"))
+        if args.out:
+            os.makedirs(args.out, exist_ok=True)
+            _rank_main(args, args.strategies[0], os.path.join(args.out, "results.json"))
+        else:
+            with tempfile.TemporaryDirectory() as tmp:
+                _rank_main(args, args.strategies[0], os.path.join(tmp, "r.json"))
         return 0
     results = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -47,6 +47,27 @@ def check_layout(strategy: str, nproc: int, pp: int | None, batch: int, microbat
         raise ValueError(f"{strategy}: the per-replica batch {batch // dp} must divide into --microbatches {microbatches}")
 
 
+def _maybe_fault(step: int):
+    """Fault injection for the restart test: RINGZERO_FAULT=kill:rank=R:step=S kills rank R with SIGKILL
+    when it reaches step S, on the first attempt only (torchrun counts restarts in TORCHELASTIC_RESTART_COUNT)."""
+    import os
+    import signal
+
+    spec = os.environ.get("RINGZERO_FAULT")
+    if not spec or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        return
+    try:
+        kind, *fields = spec.split(":")
+        kv = dict(f.split("=", 1) for f in fields)
+        rank, at = int(kv["rank"]), int(kv["step"])
+    except (ValueError, KeyError):
+        raise ValueError(f"RINGZERO_FAULT={spec!r}: expected kill:rank=R:step=S") from None
+    if kind != "kill":
+        raise ValueError(f"RINGZERO_FAULT={spec!r}: the only fault is 'kill'")
+    if dist.get_rank() == rank and step == at:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def _rss_bytes() -> int:
     import os
 
@@ -200,7 +221,12 @@ def train_rank(args, strategy: str) -> dict:
         obj, opt = run.checkpoint_objects()
         if obj is None:
             raise ValueError(f"--resume is not supported for {strategy}: checkpoints cover DDP and ZeRO runs")
-        start = checkpoint.load(checkpoint.latest(args.checkpoint_dir), obj, opt)["step"]
+        try:
+            path = checkpoint.latest(args.checkpoint_dir)
+        except FileNotFoundError:
+            path = None  # nothing saved yet: a restart before the first checkpoint starts over
+        if path is not None:
+            start = checkpoint.load(path, obj, opt)["step"]
 
     bar = None
     if rank == 0 and not args.no_progress:
@@ -208,8 +234,10 @@ def train_rank(args, strategy: str) -> dict:
 
         bar = tqdm(total=args.steps, initial=start, desc=strategy, unit="step", dynamic_ncols=True)
     losses, vals, step_times = [], [], []
+    initial_val = run.val_loss(val_batches) if start == 0 else float("nan")
     comm0 = ringzero.comm_seconds()
     for step in range(start, args.steps):
+        _maybe_fault(step)
         x, y = make_batch(train_data, args.batch, args.seq, args.seed, step)
         t0 = time.perf_counter()
         loss = run.train_step(x, y, step)
@@ -245,6 +273,7 @@ def train_rank(args, strategy: str) -> dict:
         "train_losses": losses, "val_losses": vals,
         "final_train_loss": losses[-1][1] if losses else float("nan"),
         "final_val_loss": vals[-1][1] if vals else float("nan"),
+        "initial_val_loss": initial_val,
         "step_ms": step_s * 1e3, "tokens_per_s": args.batch * args.seq / step_s,
         "peak_mib_per_rank": float(table[:, 0].max()) / 2**20,
         "peak_mib_by_rank": [float(v) / 2**20 for v in table[:, 0]],

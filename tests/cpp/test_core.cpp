@@ -20,6 +20,7 @@
 #include "core/reduce.h"
 #include "core/shm_comm.h"
 #include "test_util.h"
+#include "core/shm_p2p.h"
 
 using namespace ringzero;
 
@@ -236,10 +237,69 @@ static void test_mismatch_and_timeout() {
   std::printf("mismatch and timeout: checked\n");
 }
 
+// Point-to-point: every ordered pair of 3 ranks (threads) exchanges messages of 0, 1, 191 and 5000
+// bytes (the last ones stream through many 256-byte slots and wrap the ring), each direction on its
+// own thread, every byte checked; then a size mismatch and a recv that nobody answers.
+static void test_p2p() {
+  constexpr int n = 3;
+  constexpr size_t slot = 256;
+  std::vector<std::unique_ptr<ShmP2P>> p;
+  p.push_back(std::make_unique<ShmP2P>("", 0, n, slot));
+  for (int r = 1; r < n; ++r) p.push_back(std::make_unique<ShmP2P>(p[0]->name(), r, n, slot));
+  p[0]->unlink();
+  const size_t sizes[] = {0, 1, 191, 5000, 5000};
+  auto byte = [](int src, int dst, size_t k, size_t i) { return static_cast<char>((src * 31 + dst * 7 + k + i) & 255); };
+  std::atomic<int> messages{0};
+  std::vector<std::thread> threads;
+  for (int src = 0; src < n; ++src)
+    for (int dst = 0; dst < n; ++dst) {
+      if (src == dst) continue;
+      threads.emplace_back([&, src, dst] {
+        for (size_t k = 0; k < 5; ++k) {
+          std::vector<char> msg(sizes[k]);
+          for (size_t i = 0; i < msg.size(); ++i) msg[i] = byte(src, dst, k, i);
+          p[src]->send(msg.data(), msg.size(), dst, 10);
+        }
+      });
+      threads.emplace_back([&, src, dst] {
+        for (size_t k = 0; k < 5; ++k) {
+          std::vector<char> got(sizes[k], 0);
+          p[dst]->recv(got.data(), got.size(), src, 10);
+          bool same = true;
+          for (size_t i = 0; i < got.size(); ++i) same = same && got[i] == byte(src, dst, k, i);
+          CHECK(same, "p2p %d -> %d message %zu (%zu bytes) differs", src, dst, k, sizes[k]);
+          ++messages;
+        }
+      });
+    }
+  for (auto& t : threads) t.join();
+  CHECK(messages == n * (n - 1) * 5, "p2p: %d messages arrived", messages.load());
+
+  std::vector<char> buf(12);
+  p[0]->send(buf.data(), 10, 1, 10);
+  bool mismatch = false;
+  try {
+    p[1]->recv(buf.data(), 12, 0, 10);
+  } catch (const CollectiveMismatchError& e) {
+    mismatch = std::string(e.what()).find("expected 12 bytes") != std::string::npos;
+  }
+  CHECK(mismatch, "p2p: a recv of the wrong size must raise CollectiveMismatchError");
+  std::string timeout;
+  try {
+    p[2]->recv(buf.data(), 4, 0, 0.1);
+  } catch (const CommTimeoutError& e) {
+    timeout = e.what();
+  }
+  CHECK(timeout.find("rank 0") != std::string::npos, "p2p: an unanswered recv must time out naming rank 0: %s",
+        timeout.c_str());
+  std::printf("p2p: %d messages checked\n", messages.load());
+}
+
 int main() {
   test_reduce_tables();
   test_collectives();
   test_mismatch_and_timeout();
+  test_p2p();
   if (g_failures) {
     std::printf("%d failures\n", g_failures);
     return 1;

@@ -5,3 +5,5 @@ from .communicator import Communicator, comm_seconds, destroy_communicators, get
 from .errors import CollectiveMismatch, CommError, CommTimeout
 from .types import ReduceOp
 from .work import Work
+from .backend import backend_stats, register as register_backend
+from .patch import is_patched, patch, unpatch

@@ -90,6 +90,7 @@ class Communicator:
         self._lock = threading.Lock()
         self._pending = 0
         self._executor = None
+        self._cuda = None  # CudaPath, made on the first CUDA collective (comm/cuda.py)
 
         self._store = _rendezvous_store(group, generation)
         infos = self._exchange("host", f"{host_id()}|{os.getpid()}", list(range(self.world)))
@@ -171,10 +172,22 @@ class Communicator:
             raise CommError(f"ringzero could not set up shared memory: {errors}")
 
     # ---- execution ---------------------------------------------------------------------------------
-    def run(self, fn, async_op: bool, result=None, op: str = "collective", tensor=None):
+    def cuda_path(self, t: torch.Tensor, op: str):
+        """The CUDA transports (comm/cuda.py), made at this group's first CUDA collective."""
+        if self._cuda is None:
+            from .cuda import CudaPath
+
+            self._cuda = CudaPath(self, t.device)
+        self._cuda.check_device(t, op)
+        return self._cuda
+
+    def run(self, fn, async_op: bool, result=None, op: str = "collective", tensor=None, inputs=()):
         """Runs fn in call order: inline when nothing is pending, else behind the pending calls.
-        Each call is logged in the flight recorder; a timeout or mismatch dumps it and names the file."""
+        Each call is logged in the flight recorder; a timeout or mismatch dumps it and names the file.
+        CUDA tensors: fn is enqueued on the communicator's stream instead (comm/cuda.py)."""
         self.seq += 1
+        if result is not None and result.is_cuda:
+            return self.cuda_path(result, op).launch(fn, async_op, (result, *inputs), result)
         entry = self.flight.start(self.seq, op, tensor)
         if not async_op:
             if self._pending == 0:  # read under the GIL; only the calling thread submits
@@ -220,6 +233,9 @@ class Communicator:
     def close(self):
         if self._executor is not None:
             self._executor.shutdown(wait=True)
+        if self._cuda is not None:
+            self._cuda.close()
+            self._cuda = None
         self.shm = None
 
     def _label(self, op: str) -> str:
@@ -250,6 +266,8 @@ class Communicator:
 
     # ---- collectives on contiguous tensors (any shape: the native paths use numel and data) -------
     def all_reduce(self, x: torch.Tensor, op: ReduceOp):
+        if x.is_cuda:
+            return self._cuda.all_reduce(x, op)
         if self.world == 1:
             return
         if self.single_host:
@@ -275,6 +293,8 @@ class Communicator:
             x.copy_(gathered[: x.numel()])
 
     def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, op: ReduceOp):
+        if out.is_cuda:
+            return self._cuda.reduce_scatter(out, inp, op)
         if self.single_host:
             if self.world == 1:
                 _C.reduce_(out, [inp], int(ReduceOp.SUM), 1)
@@ -286,6 +306,10 @@ class Communicator:
         ring.reduce_scatter(inp.view(-1), out.view(-1), base, divisor)
 
     def all_gather(self, out: torch.Tensor, inp: torch.Tensor, counts: list[int] | None = None):
+        if out.is_cuda:
+            if counts is None:
+                return self._cuda.all_gather(out, inp)
+            return _through_host(lambda o, i: self.all_gather(o, i, counts), out, inp)
         if self.single_host:
             if self.world == 1:
                 out.view(-1).copy_(inp.view(-1))
@@ -297,6 +321,8 @@ class Communicator:
         self._network("all_gather", out).all_gather(inp.view(-1), out.view(-1), counts)
 
     def broadcast(self, x: torch.Tensor, root: int):
+        if x.is_cuda:
+            return _through_host(lambda h: self.broadcast(h, root), x)
         if self.world == 1:
             return
         if self.single_host:
@@ -305,6 +331,8 @@ class Communicator:
         self._network("broadcast", x, root=root).broadcast(x.view(-1), root)
 
     def reduce(self, x: torch.Tensor, root: int, op: ReduceOp):
+        if x.is_cuda:
+            return _through_host(lambda h: self.reduce(h, root, op), x)
         if self.world == 1:
             return
         if self.single_host:
@@ -321,6 +349,14 @@ class Communicator:
             self.shm.barrier()
             return
         self._network("barrier", torch.empty(0, dtype=torch.uint8)).barrier()
+
+
+def _through_host(fn, out: torch.Tensor, *inputs: torch.Tensor):
+    """Broadcast, reduce and all_gather_v have no CUDA kernels: run them on host copies (this waits
+    for the GPU; it is correct, not fast)."""
+    host = out.cpu()
+    fn(host, *(t.cpu() for t in inputs))
+    out.copy_(host)
 
 
 def _rendezvous_store(group, generation: int):
