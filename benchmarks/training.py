@@ -182,8 +182,8 @@ def main():
             step = rs[0]["step_s"]
             peak = max(r["peak_mib"] for r in rs)
             ddp = res.get("torch-ddp", [{}])[0].get("step_s")
-            ddp_cpu = res.get("torch-ddp", [{}])[0].get("cpu_s")
-            cpu = min(run[0]["cpu_s"] for run in rounds[method])
+            cpu_of = {m: min(run[0]["cpu_s"] for run in rounds[m]) for m in rounds}  # lowest round, like wall
+            ddp_cpu, cpu = cpu_of.get("torch-ddp"), cpu_of[method]
             fsdp = res.get("torch-fsdp2")
             fsdp_peak = max(r["peak_mib"] for r in fsdp) if fsdp else None
             acc = rs[0]["accounted"]
@@ -193,7 +193,7 @@ def main():
             line = (f"{world:>5} {method:<22} {step * 1e3:>9.1f} {step / ddp if ddp else float('nan'):>12.2f} "
                     f"{step / fsdp[0]['step_s'] if fsdp else float('nan'):>9.2f} {cpu * 1e3:>8.0f} "
                     f"{cpu / ddp_cpu if ddp_cpu else float('nan'):>7.2f} "
-                    f"{cpu / fsdp[0]['cpu_s'] if fsdp else float('nan'):>8.2f} {peak:>9.1f} "
+                    f"{cpu / cpu_of['torch-fsdp2'] if fsdp else float('nan'):>8.2f} {peak:>9.1f} "
                     f"{peak / fsdp_peak if fsdp_peak else float('nan'):>9.2f} {seg:>7.1f} {shared:>8.1f} "
                     f"{shared / fsdp_shared if fsdp_shared else float('nan'):>9.2f}")
             if acc is not None:

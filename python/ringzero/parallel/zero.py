@@ -36,6 +36,8 @@ _LIVE: "weakref.WeakSet[ZeroDataParallel]" = weakref.WeakSet()
 def _mark_stepped(optimizer, args, kwargs):
     # Any optimizer step that touched our master shards makes the gathered weights stale; this also
     # covers optimizers whose kernels write memory without bumping tensor version counters.
+    if not _LIVE:  # the hook is global (every optimizer of the process): cost nothing without ZeRO
+        return
     ids = {id(p) for group in optimizer.param_groups for p in group["params"]}
     for model in list(_LIVE):
         if any(id(g.master) in ids for g in model.groups):
@@ -68,7 +70,7 @@ class ZeroDataParallel(nn.Module):
     prefetch: stage 3: gather the next unit while the current one computes.
     reshard_after_forward: stage 3: free each unit after its forward (gathered again for backward).
     offload_optimizer: keep master shards (and so the optimizer state) in CPU memory (ZeRO-Offload);
-      step them with a CPU optimizer.
+      step them with a CPU optimizer (ringzero.optim.FusedAdamW runs its fused CPU kernel on them).
     find_unused_parameters is implied: a parameter that gets no gradient contributes zeros (as in
     DeepSpeed and FSDP's flat parameters), so weight decay still applies to it.
     """
