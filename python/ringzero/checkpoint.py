@@ -145,9 +145,14 @@ class _Reader:
 
     def __init__(self, ckpt: Path):
         self.dir = ckpt
-        self.manifest = json.loads((ckpt / MANIFEST).read_text())
-        if self.manifest.get("format") != FORMAT:
-            raise ValueError(f"{ckpt}: checkpoint format {self.manifest.get('format')} is not {FORMAT}")
+        try:
+            self.manifest = json.loads((ckpt / MANIFEST).read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"{ckpt / MANIFEST}: corrupt checkpoint manifest ({e}); load an earlier step-* "
+                             "directory or save again") from None
+        if not isinstance(self.manifest, dict) or self.manifest.get("format") != FORMAT:
+            got = self.manifest.get("format") if isinstance(self.manifest, dict) else type(self.manifest).__name__
+            raise ValueError(f"{ckpt}: checkpoint manifest format {got} is not {FORMAT}")
         self.files = [torch.load(ckpt / f, mmap=True, weights_only=True) for f in self.manifest["files"]]
         self.where = {}  # parameter name -> (group index, offset in the old flat group, shape)
         for i, g in enumerate(self.manifest["groups"]):
