@@ -7,10 +7,14 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from torch.distributed import distributed_c10d as _c10d
 
 from .communicator import get_communicator
 from .types import SUPPORTED_DTYPES, ReduceOp, to_reduce_op
 from .work import Work
+
+_FAST: dict = {}  # id(group argument) -> Communicator; validated on every hit
+_SUPPORTED = frozenset(SUPPORTED_DTYPES)
 
 
 def _resolve_group(group, op: str):
@@ -26,10 +30,30 @@ def _resolve_group(group, op: str):
     return group
 
 
+def _comm(group, op: str):
+    """The Communicator for `group` (None: the default group), or None on ranks outside the group
+    (torch.distributed returns without doing anything there; so do we). The fast path is one dict
+    lookup and two identity checks: per-call overhead matters at 4 KiB."""
+    if not dist.is_initialized():
+        _resolve_group(group, op)  # raises the explanatory error
+    default = _c10d._world.default_pg
+    comm = _FAST.get(id(group))
+    if comm is not None and (comm.group is group or (group is None and comm.group is default)):
+        return comm
+    g = _resolve_group(group, op)
+    if dist.get_rank(g) < 0:
+        return None
+    comm = get_communicator(g, op)
+    _FAST[id(group)] = comm
+    return comm
+
+
 def _check_tensor(t, arg: str, op: str):
+    if type(t) is torch.Tensor and t.dtype in _SUPPORTED and t.is_cpu and t.is_contiguous():
+        return  # the common case, checked cheaply
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"ringzero.{op}: {arg} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in SUPPORTED_DTYPES:
+    if t.dtype not in _SUPPORTED:
         names = ", ".join(str(d).replace("torch.", "") for d in SUPPORTED_DTYPES)
         raise TypeError(f"ringzero.{op}: {arg} has dtype {t.dtype}, which ringzero does not support; use one of {names}")
     if t.device.type != "cpu":
@@ -41,28 +65,19 @@ def _check_tensor(t, arg: str, op: str):
         raise ValueError(f"ringzero.{op}: {arg} must be contiguous; pass {arg}.contiguous()")
 
 
-def _flat(t: torch.Tensor) -> torch.Tensor:
-    return t.view(-1)
-
-
-def _group_rank_of(group, global_rank, group_rank, arg: str, op: str) -> int:
-    """Turns torch's (global `src`/`dst`, or `group_src`/`group_dst`) into a rank of `group`."""
+def _group_rank_of(comm, global_rank, group_rank, arg: str, op: str) -> int:
+    """Turns torch's (global `src`/`dst`, or `group_src`/`group_dst`) into a rank of the group."""
     if (global_rank is None) == (group_rank is None):
         raise ValueError(f"ringzero.{op}: pass exactly one of {arg} (a global rank) and group_{arg} (a rank in group)")
-    world = dist.get_world_size(group)
+    world = comm.world
     if group_rank is not None:
         if not isinstance(group_rank, int) or not 0 <= group_rank < world:
             raise ValueError(f"ringzero.{op}: group_{arg}={group_rank!r} must be in [0, {world})")
         return group_rank
-    ranks = dist.get_process_group_ranks(group)
+    ranks = comm.global_ranks
     if not isinstance(global_rank, int) or global_rank not in ranks:
         raise ValueError(f"ringzero.{op}: {arg}={global_rank!r} is not a rank of the group (its ranks are {ranks})")
     return ranks.index(global_rank)
-
-
-def _member(group) -> bool:
-    # torch.distributed returns without doing anything on ranks outside the group; so do we.
-    return dist.get_rank(group) >= 0
 
 
 def all_reduce(tensor: torch.Tensor, op=ReduceOp.SUM, group=None, async_op: bool = False):
@@ -70,12 +85,10 @@ def all_reduce(tensor: torch.Tensor, op=ReduceOp.SUM, group=None, async_op: bool
     dtype and numel). Returns a Work handle when async_op=True, else None."""
     op_ = to_reduce_op(op)
     _check_tensor(tensor, "tensor", "all_reduce")
-    g = _resolve_group(group, "all_reduce")
-    if not _member(g):
+    comm = _comm(group, "all_reduce")
+    if comm is None:
         return None
-    comm = get_communicator(g)
-    x = _flat(tensor)
-    return comm.run(lambda: comm.all_reduce(x, op_), async_op, tensor)
+    return comm.run(lambda: comm.all_reduce(tensor, op_), async_op, tensor)
 
 
 def reduce_scatter_single(output: torch.Tensor, input: torch.Tensor, op=ReduceOp.SUM, group=None,
@@ -85,10 +98,10 @@ def reduce_scatter_single(output: torch.Tensor, input: torch.Tensor, op=ReduceOp
     op_ = to_reduce_op(op)
     _check_tensor(output, "output", "reduce_scatter_single")
     _check_tensor(input, "input", "reduce_scatter_single")
-    g = _resolve_group(group, "reduce_scatter_single")
-    if not _member(g):
+    comm = _comm(group, "reduce_scatter_single")
+    if comm is None:
         return None
-    world = dist.get_world_size(g)
+    world = comm.world
     if input.dtype != output.dtype:
         raise TypeError(f"ringzero.reduce_scatter_single: output dtype {output.dtype} differs from input dtype {input.dtype}")
     if input.numel() != world * output.numel():
@@ -98,32 +111,27 @@ def reduce_scatter_single(output: torch.Tensor, input: torch.Tensor, op=ReduceOp
         )
     if output.data_ptr() == input.data_ptr() and output.numel() and world > 1:
         raise ValueError("ringzero.reduce_scatter_single: output must not alias input; allocate a separate output")
-    comm = get_communicator(g)
-    o, i = _flat(output), _flat(input)
-    return comm.run(lambda: comm.reduce_scatter(o, i, op_), async_op, output)
+    return comm.run(lambda: comm.reduce_scatter(output, input, op_), async_op, output)
 
 
 def all_gather_single(output_tensor: torch.Tensor, input_tensor: torch.Tensor, group=None, async_op: bool = False):
     """output_tensor (numel world*k) receives every rank's input_tensor (numel k) in rank order."""
     _check_tensor(output_tensor, "output_tensor", "all_gather_single")
     _check_tensor(input_tensor, "input_tensor", "all_gather_single")
-    g = _resolve_group(group, "all_gather_single")
-    if not _member(g):
+    comm = _comm(group, "all_gather_single")
+    if comm is None:
         return None
-    world = dist.get_world_size(g)
     if input_tensor.dtype != output_tensor.dtype:
         raise TypeError(
             f"ringzero.all_gather_single: output_tensor dtype {output_tensor.dtype} differs from "
             f"input_tensor dtype {input_tensor.dtype}"
         )
-    if output_tensor.numel() != world * input_tensor.numel():
+    if output_tensor.numel() != comm.world * input_tensor.numel():
         raise ValueError(
             f"ringzero.all_gather_single: output_tensor has {output_tensor.numel()} elements but must have "
-            f"world_size * input_tensor.numel() = {world * input_tensor.numel()}"
+            f"world_size * input_tensor.numel() = {comm.world * input_tensor.numel()}"
         )
-    comm = get_communicator(g)
-    o, i = _flat(output_tensor), _flat(input_tensor)
-    return comm.run(lambda: comm.all_gather(o, i), async_op, output_tensor)
+    return comm.run(lambda: comm.all_gather(output_tensor, input_tensor), async_op, output_tensor)
 
 
 # torch.distributed's older names for the two tensor forms (torch 2.13 deprecates them; we keep both).
@@ -136,10 +144,10 @@ def all_gather_v(output: torch.Tensor, input: torch.Tensor, counts, group=None, 
     `output` (numel sum(counts)) receives them in rank order. Every rank must pass the same counts."""
     _check_tensor(output, "output", "all_gather_v")
     _check_tensor(input, "input", "all_gather_v")
-    g = _resolve_group(group, "all_gather_v")
-    if not _member(g):
+    comm = _comm(group, "all_gather_v")
+    if comm is None:
         return None
-    world, rank = dist.get_world_size(g), dist.get_rank(g)
+    world, rank = comm.world, comm.rank
     try:
         counts = [int(c) for c in counts]
     except (TypeError, ValueError):
@@ -152,22 +160,18 @@ def all_gather_v(output: torch.Tensor, input: torch.Tensor, counts, group=None, 
         raise ValueError(f"ringzero.all_gather_v: input has {input.numel()} elements but counts[{rank}] = {counts[rank]}")
     if output.numel() != sum(counts):
         raise ValueError(f"ringzero.all_gather_v: output has {output.numel()} elements but sum(counts) = {sum(counts)}")
-    comm = get_communicator(g)
-    o, i = _flat(output), _flat(input)
-    return comm.run(lambda: comm.all_gather(o, i, counts), async_op, output)
+    return comm.run(lambda: comm.all_gather(output, input, counts), async_op, output)
 
 
 def broadcast(tensor: torch.Tensor, src: int | None = None, group=None, async_op: bool = False,
               group_src: int | None = None):
     """Copies `tensor` of rank `src` (a global rank; or group_src, a rank in `group`) to every rank."""
     _check_tensor(tensor, "tensor", "broadcast")
-    g = _resolve_group(group, "broadcast")
-    if not _member(g):
+    comm = _comm(group, "broadcast")
+    if comm is None:
         return None
-    root = _group_rank_of(g, src, group_src, "src", "broadcast")
-    comm = get_communicator(g)
-    x = _flat(tensor)
-    return comm.run(lambda: comm.broadcast(x, root), async_op, tensor)
+    root = _group_rank_of(comm, src, group_src, "src", "broadcast")
+    return comm.run(lambda: comm.broadcast(tensor, root), async_op, tensor)
 
 
 def reduce(tensor: torch.Tensor, dst: int | None = None, op=ReduceOp.SUM, group=None, async_op: bool = False,
@@ -176,21 +180,18 @@ def reduce(tensor: torch.Tensor, dst: int | None = None, op=ReduceOp.SUM, group=
     Other ranks' tensors are left unchanged."""
     op_ = to_reduce_op(op)
     _check_tensor(tensor, "tensor", "reduce")
-    g = _resolve_group(group, "reduce")
-    if not _member(g):
+    comm = _comm(group, "reduce")
+    if comm is None:
         return None
-    root = _group_rank_of(g, dst, group_dst, "dst", "reduce")
-    comm = get_communicator(g)
-    x = _flat(tensor)
-    return comm.run(lambda: comm.reduce(x, root, op_), async_op, tensor)
+    root = _group_rank_of(comm, dst, group_dst, "dst", "reduce")
+    return comm.run(lambda: comm.reduce(tensor, root, op_), async_op, tensor)
 
 
 def barrier(group=None, async_op: bool = False):
     """Returns once every rank of `group` has entered the barrier."""
-    g = _resolve_group(group, "barrier")
-    if not _member(g):
+    comm = _comm(group, "barrier")
+    if comm is None:
         return None
-    comm = get_communicator(g)
     return comm.run(comm.barrier, async_op)
 
 

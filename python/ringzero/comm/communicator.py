@@ -13,6 +13,7 @@ Calls run inline, or on one worker thread per communicator when async_op=True, i
 from __future__ import annotations
 
 import concurrent.futures
+import datetime
 import os
 import socket
 import threading
@@ -21,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from .. import _C
-from .errors import CommError
+from .errors import CommError, CommTimeout
 from .ring import P2PRing
 from .types import ReduceOp
 from .work import Work
@@ -62,8 +63,9 @@ def host_id() -> str:
 class Communicator:
     """Transport state for one ProcessGroup. Use get_communicator(group) rather than building one."""
 
-    def __init__(self, group):
+    def __init__(self, group, generation: int = 0, first_op: str = "collective"):
         self.group = group
+        self._first_op = first_op
         self.rank = dist.get_rank(group)
         self.world = dist.get_world_size(group)
         self.global_ranks = dist.get_process_group_ranks(group)
@@ -80,18 +82,20 @@ class Communicator:
         self._pending = 0
         self._executor = None
 
-        infos = [None] * self.world
-        dist.all_gather_object(infos, (host_id(), os.getpid()), group=group)
+        self._store = _rendezvous_store(group, generation)
+        infos = self._exchange("host", f"{host_id()}|{os.getpid()}", list(range(self.world)))
+        hosts = [info.rsplit("|", 1)[0] for info in infos]
         self.hosts: dict[str, list[int]] = {}
-        for r, (h, _) in enumerate(infos):
+        for r, h in enumerate(hosts):
             self.hosts.setdefault(h, []).append(r)
-        self.local_ranks = self.hosts[infos[self.rank][0]]
+        self.local_ranks = self.hosts[hosts[self.rank]]
         self.local_rank = self.local_ranks.index(self.rank)
         self.local_world = len(self.local_ranks)
         self.single_host = len(self.hosts) == 1
         sizes = {len(v) for v in self.hosts.values()}
         self.hierarchical = not self.single_host and len(sizes) == 1 and self.local_world > 1
-        self._setup_shm()
+        if self.local_world > 1:
+            self._setup_shm(hosts[self.rank])
 
         self.flat_ring = None
         self.cross_ring = None
@@ -99,48 +103,70 @@ class Communicator:
             self.flat_ring = P2PRing(group, self.global_ranks, self.rank, self.timeout_s, self.ring_slice_bytes)
             if self.hierarchical:
                 members = [self.global_ranks[ranks[self.local_rank]] for ranks in self.hosts.values()]
-                pos = list(self.hosts).index(infos[self.rank][0])
+                pos = list(self.hosts).index(hosts[self.rank])
                 self.cross_ring = P2PRing(group, members, pos, self.timeout_s, self.ring_slice_bytes)
 
-    def _setup_shm(self):
-        """Leader creates the segment, the others open it by name, the leader unlinks it once all have
-        it mapped. Errors on any rank are raised on every rank (no rank is left waiting)."""
-        leader = self.local_rank == 0
-        error = None
-        if self.local_world > 1 and leader:
+    def _exchange(self, key: str, value: str, ranks: list[int]) -> list[str]:
+        """Publishes value under key/<my rank> and returns the values of `ranks`, waiting at most the
+        timeout (a rank that never arrives raises CommTimeout naming it, not a hang)."""
+        self._store.set(f"{key}/{self.rank}", value)
+        return [v.decode() for v in self._wait([f"{key}/{r}" for r in ranks], ranks, key)]
+
+    def _wait(self, keys: list[str], ranks: list[int], what: str) -> list[bytes]:
+        try:
+            self._store.wait(keys, datetime.timedelta(seconds=self.timeout_s))
+        except Exception as e:  # the store raises DistStoreError on timeout
+            missing = [r for k, r in zip(keys, ranks) if not self._store.check([k])]
+            raise CommTimeout(
+                f"ringzero {self._first_op}: setting up the communicator (the first ringzero call on this group) "
+                f"on group rank {self.rank}: group ranks {missing} did not arrive within {self.timeout_s} s "
+                f"(step '{what}'). Every rank of the group must call the same collectives; raise "
+                "RINGZERO_TIMEOUT_S if a rank is legitimately slow to start."
+            ) from e
+        return [self._store.get(k) for k in keys]
+
+    def _setup_shm(self, host: str):
+        """The leader creates the segment and publishes its name; the others open it; once all have it
+        mapped the leader unlinks it (a killed process then leaks nothing) and says so. An error on any
+        rank of the host is raised on every rank of the host."""
+        key = f"shm/{host}"
+        leader = self.local_ranks[0]
+        peers = self.local_ranks[1:]
+        if self.rank == leader:
             try:
                 self.shm = _C.ShmComm("", 0, self.local_world, self.slot_bytes, self.timeout_s, self.local_ranks)
-            except Exception as e:  # reported to every rank below
-                error = f"rank {self.rank}: {e}"
-        names = [None] * self.world
-        dist.all_gather_object(names, (self.shm.name if self.shm else None, error), group=self.group)
-        errors = [e for _, e in names if e]
-        if not errors and self.local_world > 1 and not leader:
-            try:
-                name = names[self.local_ranks[0]][0]
-                self.shm = _C.ShmComm(name, self.local_rank, self.local_world, self.slot_bytes, self.timeout_s,
-                                      self.local_ranks)
+                self._store.set(key, "ok|" + self.shm.name)
             except Exception as e:
-                error = f"rank {self.rank}: {e}"
-        opened = [None] * self.world
-        try:
-            dist.all_gather_object(opened, error, group=self.group)
-        finally:
-            if self.shm is not None and leader:
+                self._store.set(key, f"error|rank {self.rank}: {e}")
+                raise
+            try:
+                statuses = [v.decode() for v in self._wait([f"{key}/opened/{r}" for r in peers], peers, "open")]
+            finally:
                 self.shm.unlink()
-        errors += [e for e in opened if e]
-        if errors:
+            errors = [s for s in statuses if s != "ok"]
+            self._store.set(f"{key}/ready", "; ".join(errors) if errors else "ok")
+        else:
+            status, _, payload = self._wait([key], [leader], "create")[0].decode().partition("|")
+            if status != "ok":
+                raise CommError(f"ringzero could not set up shared memory: {payload}")
+            try:
+                self.shm = _C.ShmComm(payload, self.local_rank, self.local_world, self.slot_bytes, self.timeout_s,
+                                      self.local_ranks)
+                self._store.set(f"{key}/opened/{self.rank}", "ok")
+            except Exception as e:
+                self._store.set(f"{key}/opened/{self.rank}", f"rank {self.rank}: {e}")
+                raise
+            errors = self._wait([f"{key}/ready"], [leader], "ready")[0].decode()
+        if errors != "ok" and errors:
             self.shm = None
-            raise CommError("ringzero could not set up shared memory: " + "; ".join(errors))
+            raise CommError(f"ringzero could not set up shared memory: {errors}")
 
     # ---- execution ---------------------------------------------------------------------------------
     def run(self, fn, async_op: bool, result=None):
         """Runs fn in call order: inline when nothing is pending, else behind the pending calls."""
         self.seq += 1
         if not async_op:
-            with self._lock:
-                busy = self._pending > 0
-            if not busy:
+            if self._pending == 0:  # read under the GIL; only the calling thread submits
                 fn()
                 return None
             self._submit(fn).result()
@@ -177,6 +203,7 @@ class Communicator:
         if self.single_host:
             self.shm.all_reduce(x, x, int(op), self.algo)
             return
+        x = x.view(-1)  # the Python rings slice flat buffers; the native paths take any contiguous shape
         base, divisor = (ReduceOp.SUM, self.world) if op == ReduceOp.AVG else (op, 1)
         if not self.hierarchical:
             self.flat_ring.begin(self._label("all_reduce"))
@@ -204,19 +231,19 @@ class Communicator:
             return
         base, divisor = (ReduceOp.SUM, self.world) if op == ReduceOp.AVG else (op, 1)
         self.flat_ring.begin(self._label("reduce_scatter"))
-        self.flat_ring.reduce_scatter(inp, out, base, divisor)
+        self.flat_ring.reduce_scatter(inp.view(-1), out.view(-1), base, divisor)
 
     def all_gather(self, out: torch.Tensor, inp: torch.Tensor, counts: list[int] | None = None):
         if self.single_host:
             if self.world == 1:
-                out.copy_(inp)
+                out.view(-1).copy_(inp.view(-1))
             elif counts is None:
                 self.shm.all_gather(inp, out)
             else:
                 self.shm.all_gather_v(inp, out, counts)
             return
         self.flat_ring.begin(self._label("all_gather"))
-        self.flat_ring.all_gather(inp, out, counts)
+        self.flat_ring.all_gather(inp.view(-1), out.view(-1), counts)
 
     def broadcast(self, x: torch.Tensor, root: int):
         if self.world == 1:
@@ -225,7 +252,7 @@ class Communicator:
             self.shm.broadcast(x, root)
             return
         self.flat_ring.begin(self._label("broadcast"))
-        self.flat_ring.broadcast(x, root)
+        self.flat_ring.broadcast(x.view(-1), root)
 
     def reduce(self, x: torch.Tensor, root: int, op: ReduceOp):
         if self.world == 1:
@@ -235,6 +262,7 @@ class Communicator:
             return
         base, divisor = (ReduceOp.SUM, self.world) if op == ReduceOp.AVG else (op, 1)
         self.flat_ring.begin(self._label("reduce"))
+        x = x.view(-1)
         self.flat_ring.reduce(x, x, root, base, divisor)
 
     def barrier(self):
@@ -247,17 +275,30 @@ class Communicator:
         self.flat_ring.barrier()
 
 
+def _rendezvous_store(group, generation: int):
+    """The group's own store, under a prefix unique to this communicator."""
+    from torch.distributed import distributed_c10d as c10d
+
+    getter = getattr(c10d, "_get_process_group_store", None)
+    store = getter(group) if getter else c10d._world.pg_map[group][1]
+    return dist.PrefixStore(f"ringzero/{generation}/", store)
+
+
 _COMMS: dict[int, Communicator] = {}
+_GENERATIONS: dict[int, int] = {}
 _COMMS_LOCK = threading.Lock()
 
 
-def get_communicator(group) -> Communicator:
+def get_communicator(group, op: str = "collective") -> Communicator:
     """The Communicator of `group` (already resolved from None), made on first use."""
     with _COMMS_LOCK:
         comm = _COMMS.get(id(group))
         if comm is not None and comm.group is group:
             return comm
-    comm = Communicator(group)
+        # Ranks create communicators for a group in the same order, so they agree on the generation.
+        generation = _GENERATIONS.get(id(group), 0) + 1
+        _GENERATIONS[id(group)] = generation
+    comm = Communicator(group, generation, op)
     with _COMMS_LOCK:
         _COMMS[id(group)] = comm
     return comm

@@ -1,0 +1,154 @@
+"""Collective microbenchmark in the style of nccl-tests: ringzero against gloo in the same run.
+
+    python -m ringzero.bench --nproc 2            # or: torchrun --nproc-per-node 2 -m ringzero.bench
+
+Columns: size (bytes of the whole buffer, as nccl-tests counts it: all_reduce the tensor, reduce_scatter
+the input, all_gather the output), count (elements of that buffer), time per call (the slowest rank),
+algbw = size / time and busbw = algbw x 2(n-1)/n (all_reduce) or x (n-1)/n (reduce_scatter, all_gather);
+the same for gloo on the same tensors, the speed ratio (gloo time / ringzero time), and floor%: the time
+to move the bytes that any algorithm must move per rank (read its input, write its output) at the copy
+bandwidth measured in the same run with all ranks copying at once, divided by the measured time.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import time
+
+import torch
+import torch.distributed as dist
+
+from .launch import launch
+
+OPS = ("all_reduce", "reduce_scatter", "all_gather")
+BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n,
+              "all_gather": lambda n: (n - 1) / n}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64,
+          "int32": torch.int32, "int64": torch.int64}
+
+
+def parse_size(text: str) -> int:
+    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    t = text.strip().upper().rstrip("B")
+    unit = t[-1] if t and t[-1] in units else ""
+    try:
+        return int(float(t[: len(t) - len(unit)]) * units[unit])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"size {text!r}: use bytes like 8, 4K, 64M") from None
+
+
+def human(nbytes: int) -> str:
+    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale}{unit}"
+    return str(nbytes)
+
+
+def _max_over_ranks(value: float) -> float:
+    t = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
+def _timed(call, budget_s: float, sync) -> float:
+    """Seconds per call: warm up, pick an iteration count that fills budget_s (same on all ranks),
+    then time the loop between two barriers and take the slowest rank."""
+    call()
+    sync()
+    t0 = time.perf_counter()
+    call()
+    one = _max_over_ranks(time.perf_counter() - t0)
+    iters = int(min(2000, max(3, budget_s / max(one, 1e-7))))
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        call()
+    return _max_over_ranks((time.perf_counter() - t0) / iters)
+
+
+def copy_bandwidth(nbytes: int = 64 << 20, budget_s: float = 0.5) -> float:
+    """Bytes per second of memory traffic (read + write) one rank gets while all ranks copy at once."""
+    src = torch.ones(nbytes // 4)
+    dst = torch.empty_like(src)
+    per_call = _timed(lambda: dst.copy_(src), budget_s, dist.barrier)
+    return 2 * nbytes / per_call
+
+
+def _calls(op: str, size: int, dtype, world: int, rank: int):
+    import ringzero
+
+    es = torch.tensor([], dtype=dtype).element_size()
+    count = max(1, size // es)
+    if op == "all_reduce":
+        x = torch.ones(count, dtype=dtype)
+        return count, (lambda: ringzero.all_reduce(x)), (lambda: dist.all_reduce(x)), 2 * count * es
+    per = max(1, count // world)
+    count = per * world
+    big, small = torch.ones(count, dtype=dtype), torch.ones(per, dtype=dtype)
+    if op == "reduce_scatter":
+        return (count, lambda: ringzero.reduce_scatter_single(small, big),
+                lambda: dist.reduce_scatter_single(small, big), (count + per) * es)
+    return (count, lambda: ringzero.all_gather_single(big, small),
+            lambda: dist.all_gather_single(big, small), (count + per) * es)
+
+
+def run(args):
+    import ringzero
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dtype = DTYPES[args.dtype]
+    bw = copy_bandwidth()
+    sizes, s = [], args.min_bytes
+    while s <= args.max_bytes:
+        sizes.append(s)
+        s *= args.factor
+    if rank == 0:
+        print(f"# ringzero {ringzero.__version__} collectives benchmark | {datetime.date.today()} | {platform.node()} "
+              f"| {platform.processor() or platform.machine()} | {os.cpu_count()} cpus | ranks {world} | dtype {args.dtype}"
+              f" | reduce kernels {ringzero._C.reduce_isa()}")
+        print(f"# copy bandwidth per rank with all ranks copying: {bw / 1e9:.1f} GB/s (read + write)")
+        print("# time: us per call (slowest rank); algbw, busbw: GB/s; ratio = gloo time / ringzero time")
+    for op in args.ops:
+        if rank == 0:
+            print(f"\n## {op}")
+            print(f"{'size':>8} {'count':>10} | {'time':>9} {'algbw':>7} {'busbw':>7} {'floor%':>6} | "
+                  f"{'gloo time':>9} {'algbw':>7} {'busbw':>7} | {'ratio':>6}")
+        for size in sizes:
+            count, ours, gloo, min_bytes = _calls(op, size, dtype, world, rank)
+            nbytes = count * torch.tensor([], dtype=dtype).element_size()
+            t = _timed(ours, args.budget_s, ringzero.barrier)
+            tg = _timed(gloo, args.budget_s, dist.barrier) if not args.no_gloo else float("nan")
+            if rank == 0:
+                f = BUS_FACTOR[op](world)
+                floor = min_bytes / bw / t
+                print(f"{human(nbytes):>8} {count:>10} | {t * 1e6:>9.1f} {nbytes / t / 1e9:>7.2f} "
+                      f"{nbytes / t / 1e9 * f:>7.2f} {100 * floor:>5.0f}% | {tg * 1e6:>9.1f} {nbytes / tg / 1e9:>7.2f} "
+                      f"{nbytes / tg / 1e9 * f:>7.2f} | {tg / t:>5.1f}x", flush=True)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="ringzero bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--nproc", type=int, default=2, help="ranks to spawn when not under torchrun (default 2)")
+    p.add_argument("--ops", default=",".join(OPS), help=f"comma-separated, from {', '.join(OPS)}")
+    p.add_argument("--min-bytes", type=parse_size, default=8)
+    p.add_argument("--max-bytes", type=parse_size, default=256 << 20)
+    p.add_argument("--factor", type=int, default=2, help="size multiplier between rows (default 2)")
+    p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    p.add_argument("--budget-s", type=float, default=0.2, help="seconds of timed calls per row and backend")
+    p.add_argument("--no-gloo", action="store_true", help="skip the gloo baseline")
+    args = p.parse_args(argv)
+    args.ops = [o.strip() for o in args.ops.split(",") if o.strip()]
+    bad = [o for o in args.ops if o not in OPS]
+    if bad:
+        p.error(f"unknown op(s) {bad}; choose from {', '.join(OPS)}")
+    if args.factor < 2:
+        p.error("--factor must be at least 2")
+    if args.min_bytes < 1 or args.max_bytes < args.min_bytes:
+        p.error("need 1 <= --min-bytes <= --max-bytes")
+    launch(run, args.nproc, args)
+
+
+if __name__ == "__main__":
+    main()

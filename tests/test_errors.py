@@ -1,0 +1,148 @@
+"""Bad input and failures: each bad call raises the documented exception with a message naming the
+argument; a rank that never arrives or dies makes the others raise CommTimeout within the timeout;
+ranks that call different collectives all raise CollectiveMismatch. The reference for "it still works
+afterwards" is gloo's all_reduce of the same tensor.
+"""
+import os
+import signal
+import threading
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import ringzero
+from harness import run_ranks
+
+
+def test_call_before_init_process_group():
+    assert not dist.is_initialized()
+    with pytest.raises(ValueError, match="init_process_group"):
+        ringzero.all_reduce(torch.ones(3))
+    with pytest.raises(ValueError, match="init_process_group"):
+        ringzero.barrier()
+
+
+def expect(exc, pattern, fn, *args, **kwargs):
+    with pytest.raises(exc, match=pattern):
+        fn(*args, **kwargs)
+
+
+def bad_inputs_body(rank, world):
+    t = torch.ones(8)
+    out = torch.empty(8 * world)
+    cases = [
+        (TypeError, "tensor must be a torch.Tensor", ringzero.all_reduce, [1.0, 2.0]),
+        (TypeError, "dtype torch.bool", ringzero.all_reduce, torch.ones(4, dtype=torch.bool)),
+        (TypeError, "dtype torch.complex64", ringzero.all_reduce, torch.ones(4, dtype=torch.complex64)),
+        (ValueError, "contiguous", ringzero.all_reduce, torch.ones(4, 4).t()),
+        (ValueError, "is on meta", ringzero.all_reduce, torch.ones(4, device="meta")),
+        (ValueError, "op=.*not supported", ringzero.all_reduce, t, dist.ReduceOp.BAND),
+        (ValueError, "op='median'", ringzero.all_reduce, t, "median"),
+        (TypeError, "group must be a ProcessGroup", ringzero.all_reduce, t, ringzero.ReduceOp.SUM, "world"),
+        (ValueError, "input has 8 elements but must have world_size", ringzero.reduce_scatter_single, torch.empty(8), t),
+        (TypeError, "output dtype torch.float64 differs", ringzero.reduce_scatter_single,
+         torch.empty(8, dtype=torch.float64), torch.empty(8 * world)),
+        (ValueError, "output_tensor has 9 elements", ringzero.all_gather_single, torch.empty(9), t),
+        (ValueError, "input_tensor must be contiguous", ringzero.all_gather_single, out, torch.ones(8, 2)[:, 0]),
+        (ValueError, "counts must hold", ringzero.all_gather_v, out, t, [8]),
+        (ValueError, r"input has 8 elements but counts\[", ringzero.all_gather_v, torch.empty(9 * world), t,
+         [9] * world),
+        (ValueError, "output has 5 elements but sum", ringzero.all_gather_v, torch.empty(5), t, [8] * world),
+        (TypeError, "counts must be a sequence of ints", ringzero.all_gather_v, out, t, ["x"] * world),
+        (ValueError, "src=7 is not a rank of the group", ringzero.broadcast, t, 7),
+        (ValueError, "exactly one of src", ringzero.broadcast, t),
+        (ValueError, r"group_dst=-1 must be in \[0,", lambda: ringzero.reduce(t, group_dst=-1)),
+    ]
+    for exc, pattern, fn, *args in cases:
+        expect(exc, pattern, fn, *args)
+    # The communicator is still healthy after all of that (no collective ran): compare with gloo.
+    x = torch.arange(10, dtype=torch.int64) * (rank + 1)
+    want = x.clone()
+    dist.all_reduce(want)
+    ringzero.all_reduce(x)
+    assert torch.equal(x, want)
+    return len(cases)
+
+
+def test_bad_inputs_raise_clear_errors():
+    assert run_ranks(2, bad_inputs_body)[0] >= 19
+
+
+def test_environment_variables_are_validated():
+    def body(rank, world):
+        os.environ["RINGZERO_ALLREDUCE_ALGO"] = "fastest"
+        with pytest.raises(ValueError, match="RINGZERO_ALLREDUCE_ALGO='fastest'"):
+            ringzero.all_reduce(torch.ones(2))
+        os.environ["RINGZERO_ALLREDUCE_ALGO"] = "auto"
+        os.environ["RINGZERO_TIMEOUT_S"] = "soon"
+        with pytest.raises(ValueError, match="RINGZERO_TIMEOUT_S='soon' is not a number"):
+            ringzero.all_reduce(torch.ones(2))
+        return True
+    assert all(run_ranks(1, body))
+
+
+def absent_rank_body(rank, world, during_setup):
+    if not during_setup:
+        ringzero.barrier()  # the communicator exists; the absent rank then misses collective #2
+    if rank == world - 1:
+        time.sleep(4)  # never calls the collective; outlives the others' timeout
+        return None
+    start = time.monotonic()
+    with pytest.raises(ringzero.CommTimeout) as info:
+        ringzero.all_reduce(torch.ones(100))
+    elapsed = time.monotonic() - start
+    msg = str(info.value)
+    assert "all_reduce" in msg and f"[{world - 1}]" in msg, msg
+    assert during_setup or "sequence number 2" in msg, msg
+    return elapsed
+
+
+@pytest.mark.parametrize("during_setup", [True, False])
+def test_absent_rank_times_out_naming_it(during_setup):
+    results = run_ranks(3, absent_rank_body, during_setup, env={"RINGZERO_TIMEOUT_S": "1.5"})
+    assert all(1.4 < r < 4 for r in results[:2]), results
+
+
+def killed_rank_body(rank, world, victim):
+    x = torch.ones(1 << 20)
+    if rank == victim:
+        # Die in the middle of the stream of collectives (SIGKILL: no cleanup of any kind runs).
+        threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+    start = time.monotonic()
+    with pytest.raises(ringzero.CommTimeout) as info:
+        for _ in range(100000):
+            ringzero.all_reduce(x)
+    assert str(victim) in str(info.value), str(info.value)
+    return time.monotonic() - start
+
+
+@pytest.mark.parametrize("hosts", [None, "a,b,a"])
+def test_killed_rank_raises_on_the_others(hosts):
+    env = {"RINGZERO_TIMEOUT_S": "60"}
+    if hosts:
+        env["RINGZERO_HOST_IDS"] = hosts
+    results = run_ranks(3, killed_rank_body, 1, env=env, expect_exit={1: True}, timeout_s=120)
+    # Within the timeout; in practice the dead peer is noticed at once (pid check / closed socket).
+    assert all(r is not None and r < 60 for i, r in enumerate(results) if i != 1), results
+
+
+def mismatch_body(rank, world):
+    t = torch.ones(16)
+    with pytest.raises(ringzero.CollectiveMismatch) as info:
+        if rank == 1:
+            ringzero.broadcast(t, src=0)
+        else:
+            ringzero.all_reduce(t)
+    msg = str(info.value)
+    assert "broadcast" in msg and "all_reduce" in msg, msg
+    # Every rank raised at the same point, so the communicator stays usable.
+    x = torch.full((5,), float(rank))
+    ringzero.all_reduce(x)
+    assert torch.equal(x, torch.full((5,), float(sum(range(world)))))
+    return True
+
+
+def test_mismatched_collectives_raise_on_every_rank():
+    assert all(run_ranks(3, mismatch_body))
