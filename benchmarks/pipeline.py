@@ -8,7 +8,8 @@ closed form (p-1)/(m+p-1) of GPipe and 1F1B.
 
 The trace mode writes, under --out (default benchmarks/results/pipeline/), <name>_measured.json and
 <name>_simulated.json (chrome://tracing or ui.perfetto.dev) and <name>.png (measured above simulated).
-Step time is the slowest rank's, median over --steps steps after one warm-up step.
+Step time is the slowest rank's, median over --steps steps after one warm-up step; ours and torch's
+steps alternate, so that both see the same background load. The bubble columns are from our last step.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ import torch.distributed as dist
 from ringzero.launch import launch
 from ringzero.models import GPT, GPTConfig, lm_loss
 from ringzero.parallel.pipeline import (PipelineRunner, PipelineStage, bubble_fraction, chrome_trace, gather_timeline,
-                                        make_plan, measured_costs, plot_timelines, simulate, split)
+                                        measured_costs, plot_timelines, simulate, split)
 
 SCHEDULES = ["GPipe", "1F1B", "Interleaved1F1B", "ZBH1"]
 TORCH_SCHEDULES = {"GPipe": "ScheduleGPipe", "1F1B": "Schedule1F1B", "Interleaved1F1B": "ScheduleInterleaved1F1B",
@@ -44,33 +45,29 @@ def batch(args, m):
     return tokens[:, :-1], tokens[:, 1:]
 
 
-def timed_steps(step, steps):
-    """Median over `steps` of the slowest rank's step time (one warm-up step first)."""
-    times = []
-    for i in range(steps + 1):
-        dist.barrier()
-        t0 = time.perf_counter()
-        step()
-        elapsed = torch.tensor(time.perf_counter() - t0)
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-        if i:
-            times.append(elapsed.item())
-    return statistics.median(times)
+def timed(step):
+    """The slowest rank's time for one call of step()."""
+    dist.barrier()
+    t0 = time.perf_counter()
+    step()
+    elapsed = torch.tensor(time.perf_counter() - t0)
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+    return elapsed.item()
 
 
 def ours(args, schedule, m):
+    """This rank's runner and a step function for it."""
     p, rank = dist.get_world_size(), dist.get_rank()
     v = 2 if schedule == "Interleaved1F1B" else 1
     parts = model_and_parts(args, p * v)
     stages = [PipelineStage(parts[s], s, p * v) for s in range(rank, p * v, p)]
     runner = PipelineRunner(stages, schedule, m, loss_fn=lm_loss)
     x, y = batch(args, m)
-    step_s = timed_steps(lambda: runner.step(x if rank == 0 else None, y if rank == p - 1 else None), args.steps)
-    timeline = gather_timeline(runner)
-    return step_s, timeline, runner.plan
+    return runner, lambda: runner.step(x if rank == 0 else None, y if rank == p - 1 else None)
 
 
 def theirs(args, schedule, m):
+    """A step function running torch.distributed.pipelining's class for the same schedule."""
     from torch.distributed import pipelining
 
     p, rank = dist.get_world_size(), dist.get_rank()
@@ -84,31 +81,34 @@ def theirs(args, schedule, m):
 
     def step():
         for q in params:
-            q.grad = None
-        kwargs = {}
-        if rank == p - 1:
-            kwargs = dict(target=y, losses=[])
+            q.grad = None  # ours zeroes through the optimizer; without one both accumulate: reset here
+        kwargs = dict(target=y, losses=[]) if rank == p - 1 else {}
         sched.step(x, **kwargs) if rank == 0 else sched.step(**kwargs)
 
-    return timed_steps(step, args.steps)
-
-
-def bubbles(plan, timeline):
-    """(measured, simulated with the measured costs) bubble fractions of one step."""
-    return bubble_fraction(timeline), simulate(plan, measured_costs(timeline)).bubble
+    return step
 
 
 def table_worker(args):
     p, rank = dist.get_world_size(), dist.get_rank()
     for m in args.microbatches:
         for schedule in SCHEDULES:
-            step_s, timeline, plan = ours(args, schedule, m)
+            runner, step = ours(args, schedule, m)
             try:
-                torch_s, note = theirs(args, schedule, m), ""
+                their_step, note = theirs(args, schedule, m), ""
+                timed(their_step)  # warm-up (torch agrees shapes on its first step)
             except Exception as e:  # a configuration torch does not support: say so in the table
-                torch_s, note = None, f"  torch: {type(e).__name__}: {str(e)[:70]}"
+                their_step, note = None, f"  torch: {type(e).__name__}: {str(e)[:70]}"
+            timed(step)
+            # Alternate ours and theirs so that both see the same background load on a shared machine.
+            mine, their = [], []
+            for _ in range(args.steps):
+                mine.append(timed(step))
+                timeline = gather_timeline(runner)
+                if their_step is not None:
+                    their.append(timed(their_step))
             if rank == 0:
-                measured, predicted = bubbles(plan, timeline)
+                step_s, torch_s = statistics.median(mine), statistics.median(their) if their else None
+                measured, predicted = bubble_fraction(timeline), simulate(runner.plan, measured_costs(timeline)).bubble
                 tcol = f"{torch_s * 1e3:9.1f} {step_s / torch_s:6.2f}" if torch_s else f"{'n/a':>9} {'':>6}"
                 fcol = f"{(p - 1) / (m + p - 1) * 100:7.1f}" if schedule in ("GPipe", "1F1B") else f"{'-':>7}"
                 print(f"{p:6d} {m:3d} {schedule:>16} {step_s * 1e3:9.1f} {tcol} {measured * 100:8.1f} "
@@ -117,9 +117,12 @@ def table_worker(args):
 
 def trace_worker(args):
     schedule, m = args.trace, args.microbatches[0]
-    step_s, timeline, plan = ours(args, schedule, m)
+    runner, step = ours(args, schedule, m)
+    timed(step)  # warm-up
+    step_s = timed(step)
+    timeline = gather_timeline(runner)
     if dist.get_rank() == 0:
-        sim = simulate(plan, measured_costs(timeline))
+        sim = simulate(runner.plan, measured_costs(timeline))
         name = f"{schedule}_p{dist.get_world_size()}_m{m}"
         os.makedirs(args.out, exist_ok=True)
         chrome_trace(timeline, os.path.join(args.out, f"{name}_measured.json"), 1e6, f"{name} measured")
