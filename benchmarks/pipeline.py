@@ -55,6 +55,26 @@ def timed(step):
     return elapsed.item()
 
 
+def transfer_time(args):
+    """Half the median round trip of one activation-sized message between ranks 0 and 1 (gloo): the
+    simulator's cost of one SEND, so that its prediction includes the transfers the runtime makes."""
+    buf = torch.zeros(args.microbatch_size, args.seq_len, args.width)
+    rank, times = dist.get_rank(), []
+    for _ in range(11):
+        dist.barrier()
+        t0 = time.perf_counter()
+        if rank == 0:
+            dist.send(buf, 1)
+            dist.recv(buf, 1)
+        elif rank == 1:
+            dist.recv(buf, 0)
+            dist.send(buf, 0)
+        times.append((time.perf_counter() - t0) / 2)
+    out = torch.tensor(statistics.median(times))
+    dist.broadcast(out, 0)
+    return out.item()
+
+
 def ours(args, schedule, m):
     """This rank's runner and a step function for it."""
     p, rank = dist.get_world_size(), dist.get_rank()
@@ -90,6 +110,10 @@ def theirs(args, schedule, m):
 
 def table_worker(args):
     p, rank = dist.get_world_size(), dist.get_rank()
+    comm = transfer_time(args)
+    if rank == 0:
+        print(f"{p} stages: one activation transfer ({args.microbatch_size * args.seq_len * args.width * 4 / 2**10:.0f} "
+              f"KiB) takes {comm * 1e3:.2f} ms (half a gloo round trip); the simulator charges it per SEND", flush=True)
     for m in args.microbatches:
         for schedule in SCHEDULES:
             runner, step = ours(args, schedule, m)
@@ -108,7 +132,8 @@ def table_worker(args):
                     their.append(timed(their_step))
             if rank == 0:
                 step_s, torch_s = statistics.median(mine), statistics.median(their) if their else None
-                measured, predicted = bubble_fraction(timeline), simulate(runner.plan, measured_costs(timeline)).bubble
+                measured = bubble_fraction(timeline)
+                predicted = simulate(runner.plan, measured_costs(timeline, comm)).bubble
                 tcol = f"{torch_s * 1e3:9.1f} {step_s / torch_s:6.2f}" if torch_s else f"{'n/a':>9} {'':>6}"
                 fcol = f"{(p - 1) / (m + p - 1) * 100:7.1f}" if schedule in ("GPipe", "1F1B") else f"{'-':>7}"
                 print(f"{p:6d} {m:3d} {schedule:>16} {step_s * 1e3:9.1f} {tcol} {measured * 100:8.1f} "
@@ -117,12 +142,13 @@ def table_worker(args):
 
 def trace_worker(args):
     schedule, m = args.trace, args.microbatches[0]
+    comm = transfer_time(args)
     runner, step = ours(args, schedule, m)
     timed(step)  # warm-up
     step_s = timed(step)
     timeline = gather_timeline(runner)
     if dist.get_rank() == 0:
-        sim = simulate(runner.plan, measured_costs(timeline))
+        sim = simulate(runner.plan, measured_costs(timeline, comm))
         name = f"{schedule}_p{dist.get_world_size()}_m{m}"
         os.makedirs(args.out, exist_ok=True)
         chrome_trace(timeline, os.path.join(args.out, f"{name}_measured.json"), 1e6, f"{name} measured")
