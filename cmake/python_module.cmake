@@ -6,6 +6,11 @@ find_library(TORCH_PYTHON_LIBRARY torch_python PATHS "${TORCH_INSTALL_PREFIX}/li
 
 set(RINGZERO_TORCH_SOURCES
   csrc/torch/module.cpp
+  csrc/torch/adam_bindings.cpp
+  csrc/torch/cuda_bindings.cpp
+  csrc/torch/backend.cpp
+  csrc/torch/backend_ops.cpp
+  csrc/torch/backend_bindings.cpp
 )
 Python3_add_library(_C MODULE WITH_SOABI ${RINGZERO_TORCH_SOURCES})
 target_link_libraries(_C PRIVATE ringzero_core ${TORCH_LIBRARIES} ${TORCH_PYTHON_LIBRARY})

@@ -46,6 +46,7 @@ def run_ranks(world: int, fn, *args, env: dict | None = None, timeout_s: float =
     expect_exit = expect_exit or {}
     with tempfile.TemporaryDirectory() as tmp:
         store = os.path.join(tmp, "store")
+        env = {"RINGZERO_FLIGHT_DIR": tmp, **(env or {})}
         procs = [ctx.Process(target=_entry, args=(r, world, store, fn, args, env, out), daemon=True)
                  for r in range(world)]
         for p in procs:

@@ -96,6 +96,14 @@ def absent_rank_body(rank, world, during_setup):
     msg = str(info.value)
     assert "all_reduce" in msg and f"[{world - 1}]" in msg, msg
     assert during_setup or "sequence number 2" in msg, msg
+    if not during_setup:
+        # What each rank last completed (from shared memory) and this rank's flight recorder file.
+        assert f"{world - 1}: barrier #1" in msg, msg
+        path = msg.split("flight recorder of this rank: ")[1].strip()
+        with open(path) as f:
+            log = f.read()
+        os.remove(path)
+        assert "barrier" in log and "all_reduce" in log and "CommTimeout" in log, log
     return elapsed
 
 
@@ -146,3 +154,24 @@ def mismatch_body(rank, world):
 
 def test_mismatched_collectives_raise_on_every_rank():
     assert all(run_ranks(3, mismatch_body))
+
+
+def network_mismatch_body(rank, world):
+    t = torch.ones(16)
+    with pytest.raises(ringzero.CollectiveMismatch) as info:
+        if rank == 1:
+            ringzero.all_reduce(t, op=ringzero.ReduceOp.MAX)
+        else:
+            ringzero.all_reduce(t)
+    msg = str(info.value)
+    assert "RINGZERO_DEBUG=1" in msg and msg.count("all_reduce") >= world, msg
+    x = torch.full((5,), float(rank))
+    ringzero.all_reduce(x)  # still usable: every rank raised at the same point
+    assert torch.equal(x, torch.full((5,), float(sum(range(world)))))
+    return True
+
+
+def test_network_mismatch_detected_with_debug():
+    """Between hosts the fingerprint check is opt-in (it costs one small all-gather per call)."""
+    env = {"RINGZERO_DEBUG": "1", "RINGZERO_HOST_IDS": "a,b,a", "RINGZERO_TIMEOUT_S": "30"}
+    assert all(run_ranks(3, network_mismatch_body, env=env))

@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup.sh
 PY=${PYTHON:-python3}
-NCCL_ROOT=$("$PY" -c "import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))" 2>/dev/null || true)
+NCCL_ROOT=$("$PY" -c "import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])" 2>/dev/null || true)
 cmake -S . -B build/cpp -G Ninja -DCMAKE_BUILD_TYPE=Release ${NCCL_ROOT:+-DRINGZERO_NCCL_ROOT=$NCCL_ROOT}
 cmake --build build/cpp -j "${MAX_JOBS:-2}"
 ctest --test-dir build/cpp --output-on-failure

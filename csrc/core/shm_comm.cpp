@@ -16,6 +16,7 @@
 
 #include "chunks.h"
 #include "errors.h"
+#include "futex.h"
 #include "reduce.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -42,8 +43,9 @@ constexpr size_t kPageBytes = 4096;
 constexpr double kSpinS = 20e-6;
 constexpr int kClockEvery = 64;  // spin iterations between clock reads
 constexpr double kYieldS = 0.005;
-constexpr double kSleepMinS = 10e-6;
-constexpr double kSleepMaxS = 250e-6;
+// Without spinning (more ranks than cores, or a waiter whose process computes on other threads),
+// a waiter sleeps in the kernel on its peer's futex word and the peer wakes it on arrival: under
+// oversubscription a polling sleep costs a scheduling delay per phase, a futex wake does not.
 constexpr double kCheckEveryS = 0.02;  // abort flag, peer liveness and deadline
 
 double now_s() {
@@ -98,10 +100,7 @@ const char* collective_name(CollectiveKind kind) {
 }
 
 struct ShmComm::Header {
-  uint64_t magic;
-  int32_t nranks;
-  int32_t reserved;
-  uint64_t slot_bytes;
+  SegmentTag tag;
   std::atomic<int32_t> abort_rank;  // -1 while healthy; else the local rank that aborted first
   char abort_reason[1024];
   std::atomic<int32_t> pids[kMaxRanks];
@@ -110,9 +109,13 @@ static_assert(sizeof(ShmComm::Header) <= kHeaderBytes, "header must fit its page
 
 // One per rank, written only by that rank. Counters and fingerprints sit on separate cache lines.
 struct alignas(128) ShmComm::Control {
-  std::atomic<uint64_t> arrive;  // phases this rank has completed
-  std::atomic<uint64_t> done;    // last slice whose peer reads this rank has finished
-  char pad[128 - 2 * sizeof(std::atomic<uint64_t>)];
+  std::atomic<uint64_t> arrive;       // phases this rank has completed
+  std::atomic<uint64_t> done;         // last slice whose peer reads this rank has finished
+  std::atomic<uint64_t> last_seq;     // sequence number of the last collective this rank completed
+  std::atomic<int32_t> last_kind;     // and its kind (a CollectiveKind)
+  std::atomic<uint32_t> arrive_word;  // low 32 bits of arrive: the futex word sleepers wait on
+  std::atomic<uint32_t> sleepers;     // ranks asleep (or about to be) on arrive_word
+  char pad[128 - 3 * sizeof(std::atomic<uint64_t>) - sizeof(std::atomic<int32_t>) - 2 * sizeof(std::atomic<uint32_t>)];
   Fingerprint fp[2];  // by slice parity, like the slots
 };
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "cross-process flags need lock-free atomics");
@@ -141,21 +144,9 @@ ShmComm::ShmComm(const std::string& name, int rank, int nranks, size_t slot_byte
   for (int i = 0; i < nranks; ++i) all_ranks_.push_back(i);
   spin_ = nranks <= usable_cpus();
 
-  const size_t bytes = segment_bytes(nranks, slot_bytes);
-  if (name.empty()) {
-    seg_ = ShmSegment::create(bytes);
-    Header* h = static_cast<Header*>(seg_.data());
-    h->magic = kMagic;
-    h->nranks = nranks;
-    h->slot_bytes = slot_bytes;
-    h->abort_rank.store(-1);
-  } else {
-    seg_ = ShmSegment::open(name, bytes);
-    const Header* h = static_cast<const Header*>(seg_.data());
-    if (h->magic != kMagic || h->nranks != nranks || h->slot_bytes != slot_bytes)
-      throw CommError("shared-memory segment " + name + " was made for another communicator (world size "
-                      "or RINGZERO_SHM_BUFFER_BYTES differ between ranks)");
-  }
+  seg_ = ShmSegment::create_or_open(name, segment_bytes(nranks, slot_bytes),
+                                    SegmentTag{kMagic, nranks, 0, slot_bytes}, "communicator");
+  if (name.empty()) static_cast<Header*>(seg_.data())->abort_rank.store(-1);
   static_cast<Header*>(seg_.data())->pids[rank].store(static_cast<int32_t>(getpid()));
 }
 
@@ -182,7 +173,31 @@ void ShmComm::start_op(CollectiveKind kind, DType dtype, ReduceOp op, int root, 
   check_abort();
 }
 
-void ShmComm::signal() { control(rank_)->arrive.store(++phase_, std::memory_order_release); }
+void ShmComm::finish_op() {
+  control(rank_)->last_kind.store(current_.kind, std::memory_order_relaxed);
+  control(rank_)->last_seq.store(current_.seq, std::memory_order_release);
+}
+
+std::string ShmComm::last_completed_table() const {
+  std::ostringstream s;
+  s << "last completed op per group rank:";
+  for (int q = 0; q < nranks_; ++q) {
+    const uint64_t seq = control(q)->last_seq.load(std::memory_order_acquire);
+    s << (q ? ", " : " ") << group_ranks_[q] << ": ";
+    if (seq == 0) s << "none";
+    else s << collective_name(static_cast<CollectiveKind>(control(q)->last_kind.load())) << " #" << seq;
+  }
+  return s.str();
+}
+
+void ShmComm::signal() {
+  Control* c = control(rank_);
+  c->arrive.store(++phase_, std::memory_order_release);
+  // seq_cst store then load, paired with the sleeper's increment then load in wait_for: either we
+  // see the sleeper and wake it, or it sees the new word and does not sleep.
+  c->arrive_word.store(static_cast<uint32_t>(phase_));
+  if (c->sleepers.load() != 0) futex_wake_all(&c->arrive_word);
+}
 
 uint64_t ShmComm::begin_slice() {
   const uint64_t k = ++slice_;
@@ -228,7 +243,6 @@ void ShmComm::wait_for(const std::vector<int>& ranks, uint64_t phase) {
   if (advance()) return;
   const double start = now_s();
   double next_check = start + kCheckEveryS;
-  double sleep_s = kSleepMinS;
   for (int iter = 0;; ++iter) {
     if (advance()) return;
     if (spin_ && (iter % kClockEvery != 0 || now_s() - start < kSpinS)) {
@@ -236,11 +250,14 @@ void ShmComm::wait_for(const std::vector<int>& ranks, uint64_t phase) {
       continue;
     }
     const double t = now_s();
-    if (t - start < kYieldS) {
+    if (spin_ && t - start < kYieldS) {
       sched_yield();
     } else {
-      std::this_thread::sleep_for(std::chrono::duration<double>(sleep_s));
-      sleep_s = std::min(kSleepMaxS, sleep_s * 2);
+      Control* peer = control(ranks[ready]);
+      peer->sleepers.fetch_add(1);
+      const uint32_t seen = peer->arrive_word.load();
+      if (peer->arrive.load() < phase) futex_wait(&peer->arrive_word, seen, kCheckEveryS);
+      peer->sleepers.fetch_sub(1);
     }
     if (t >= next_check) {
       next_check = t + kCheckEveryS;
@@ -270,7 +287,8 @@ void ShmComm::fail_wait(const std::vector<int>& ranks, uint64_t phase, const cha
     << current_.seq << ") on group rank " << group_ranks_[rank_] << ": " << why << " after "
     << timeout_s_ << " s limit while waiting for group ranks " << join(missing);
   if (!exited.empty()) s << "; ranks " << join(exited) << " have exited";
-  s << ". Every rank must call the same collectives in the same order; raise RINGZERO_TIMEOUT_S if "
+  s << ". " << last_completed_table()
+    << ". Every rank must call the same collectives in the same order; raise RINGZERO_TIMEOUT_S if "
        "a rank is legitimately slow.";
   abort_all(s.str());
   throw CommTimeoutError(s.str());
@@ -350,7 +368,7 @@ AllReduceAlgo ShmComm::choose_all_reduce(size_t bytes) const {
 }
 
 void ShmComm::all_reduce(const void* in, void* out, size_t count, DType dtype, ReduceOp op, AllReduceAlgo algo) {
-  start_op(CollectiveKind::AllReduce, dtype, op, -1, count);
+  OpGuard guard(this, CollectiveKind::AllReduce, dtype, op, -1, count);
   if (nranks_ == 1) {
     if (in != out) std::memcpy(out, in, count * dtype_size(dtype));
     return;
@@ -463,7 +481,7 @@ void ShmComm::all_reduce_ring(const void* in, void* out, size_t count, DType dty
 // all slots straight into its output. Per rank per slice of B bytes of output: writes n*B to shm,
 // reads n*B, writes B; one synchronisation.
 void ShmComm::reduce_scatter(const void* in, void* out, size_t count_per_rank, DType dtype, ReduceOp op) {
-  start_op(CollectiveKind::ReduceScatter, dtype, op, -1, count_per_rank);
+  OpGuard guard(this, CollectiveKind::ReduceScatter, dtype, op, -1, count_per_rank);
   const size_t es = dtype_size(dtype);
   if (nranks_ == 1) {
     if (in != out) std::memcpy(out, in, count_per_rank * es);
@@ -489,7 +507,7 @@ void ShmComm::reduce_scatter(const void* in, void* out, size_t count_per_rank, D
 }
 
 void ShmComm::all_gather(const void* in, void* out, size_t count, DType dtype) {
-  start_op(CollectiveKind::AllGather, dtype, ReduceOp::Sum, -1, count);
+  OpGuard guard(this, CollectiveKind::AllGather, dtype, ReduceOp::Sum, -1, count);
   const size_t es = dtype_size(dtype);
   const size_t slot_elems = slot_bytes_ / es;
   if (nranks_ == 1) {
@@ -523,7 +541,7 @@ void ShmComm::all_gather_v(const void* in, void* out, const std::vector<size_t>&
     total += counts[q];
     hash = (hash ^ counts[q]) * 1099511628211ULL;
   }
-  start_op(CollectiveKind::AllGatherV, dtype, ReduceOp::Sum, static_cast<int32_t>(hash & 0x7fffffff), total);
+  OpGuard guard(this, CollectiveKind::AllGatherV, dtype, ReduceOp::Sum, static_cast<int32_t>(hash & 0x7fffffff), total);
   const size_t es = dtype_size(dtype);
   const size_t slot_elems = slot_bytes_ / es;
   if (nranks_ == 1) {
@@ -551,7 +569,7 @@ void ShmComm::all_gather_v(const void* in, void* out, const std::vector<size_t>&
 // for the root alone. Per non-root per slice of B bytes: reads B, writes B.
 void ShmComm::broadcast(void* buf, size_t count, DType dtype, int root) {
   if (root < 0 || root >= nranks_) throw InvalidArgument("root out of range");
-  start_op(CollectiveKind::Broadcast, dtype, ReduceOp::Sum, root, count);
+  OpGuard guard(this, CollectiveKind::Broadcast, dtype, ReduceOp::Sum, root, count);
   if (nranks_ == 1) return;
   const size_t es = dtype_size(dtype);
   const size_t slot_elems = slot_bytes_ / es;
@@ -576,7 +594,7 @@ void ShmComm::broadcast(void* buf, size_t count, DType dtype, int root) {
 // Per root per slice of B bytes: reads n*B, writes B; non-roots write B to shm.
 void ShmComm::reduce(const void* in, void* out, size_t count, DType dtype, ReduceOp op, int root) {
   if (root < 0 || root >= nranks_) throw InvalidArgument("root out of range");
-  start_op(CollectiveKind::Reduce, dtype, op, root, count);
+  OpGuard guard(this, CollectiveKind::Reduce, dtype, op, root, count);
   const size_t es = dtype_size(dtype);
   if (nranks_ == 1) {
     if (in != out) std::memcpy(out, in, count * es);
@@ -604,7 +622,7 @@ void ShmComm::reduce(const void* in, void* out, size_t count, DType dtype, Reduc
 }
 
 void ShmComm::barrier() {
-  start_op(CollectiveKind::Barrier, DType::U8, ReduceOp::Sum, -1, 0);
+  OpGuard guard(this, CollectiveKind::Barrier, DType::U8, ReduceOp::Sum, -1, 0);
   if (nranks_ == 1) return;
   const uint64_t k = begin_slice();
   publish_fingerprint(k);

@@ -9,6 +9,7 @@
 // count, root, sequence number): a mismatch raises CollectiveMismatchError on every rank.
 #pragma once
 #include <atomic>
+#include <exception>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -55,6 +56,9 @@ class ShmComm {
   size_t slot_bytes() const { return slot_bytes_; }
   uint64_t seq() const { return seq_; }
   void set_timeout(double timeout_s) { timeout_s_ = timeout_s; }
+  // Spinning is on by default when every rank has a core; a caller whose rank computes on other
+  // threads while it waits (the c10d backend's worker thread) turns it off to leave them the core.
+  void set_spin(bool spin) { spin_ = spin && spin_; }
 
   // All pointers are this process's memory; counts are elements. `in` may equal `out` where shapes
   // allow (all_reduce, broadcast, reduce). Every rank of the host must call the same collective with
@@ -92,6 +96,21 @@ class ShmComm {
   void wait_all(uint64_t phase);
   void wait_one(int r, uint64_t phase);
   void start_op(CollectiveKind kind, DType dtype, ReduceOp op, int root, uint64_t count);
+  void finish_op();
+  // Starts an op and, when the scope ends without an exception, records it as this rank's last
+  // completed op (peers print it when they time out waiting for us).
+  struct OpGuard {
+    ShmComm* comm;
+    int uncaught;
+    OpGuard(ShmComm* c, CollectiveKind kind, DType dtype, ReduceOp op, int root, uint64_t count)
+        : comm(c), uncaught(std::uncaught_exceptions()) {
+      comm->start_op(kind, dtype, op, root, count);
+    }
+    ~OpGuard() {
+      if (std::uncaught_exceptions() == uncaught) comm->finish_op();
+    }
+  };
+  std::string last_completed_table() const;
   void publish_fingerprint(uint64_t k);
   void check_fingerprints(uint64_t k);
   [[noreturn]] void fail_wait(const std::vector<int>& missing, uint64_t phase, const char* why);

@@ -74,6 +74,22 @@ ShmSegment ShmSegment::open(const std::string& name, size_t bytes) {
   return seg;
 }
 
+ShmSegment ShmSegment::create_or_open(const std::string& name, size_t bytes, const SegmentTag& tag,
+                                      const char* what) {
+  if (name.empty()) {
+    ShmSegment seg = create(bytes);
+    std::memcpy(seg.data(), &tag, sizeof(tag));
+    return seg;
+  }
+  ShmSegment seg = open(name, bytes);
+  SegmentTag found;
+  std::memcpy(&found, seg.data(), sizeof(found));
+  if (found.magic != tag.magic || found.nranks != tag.nranks || found.slot_bytes != tag.slot_bytes)
+    throw CommError("shared-memory segment " + name + " was made for another " + what +
+                    " (world size or RINGZERO_SHM_BUFFER_BYTES differ between ranks)");
+  return seg;
+}
+
 ShmSegment::ShmSegment(ShmSegment&& o) noexcept { *this = std::move(o); }
 
 ShmSegment& ShmSegment::operator=(ShmSegment&& o) noexcept {

@@ -10,6 +10,9 @@
 namespace py = pybind11;
 using namespace ringzero;
 
+void bind_adam(py::module& m);  // adam_bindings.cpp
+void bind_cuda(py::module_& m);  // cuda_bindings.cpp
+
 namespace {
 
 DType to_dtype(const at::Tensor& t, const char* arg) {
@@ -70,6 +73,9 @@ PYBIND11_MODULE(_C, m) {
     }
   });
 
+  bind_adam(m);
+  bind_cuda(m);
+  { void bind_backend(py::module_&); bind_backend(m); }  // c10d backend: csrc/torch/backend_bindings.cpp
   m.def("reduce_isa", &reduce_isa, "Instruction set of the CPU reduction kernels in use");
 
   m.def(

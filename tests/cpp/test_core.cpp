@@ -19,6 +19,8 @@
 #include "core/half.h"
 #include "core/reduce.h"
 #include "core/shm_comm.h"
+#include "test_util.h"
+#include "core/shm_p2p.h"
 
 using namespace ringzero;
 
@@ -27,44 +29,6 @@ const ReduceTable* reduce_table_baseline();
 const ReduceTable* reduce_table_avx2();
 const ReduceTable* reduce_table_avx512();
 }  // namespace ringzero
-
-static int g_failures = 0;
-#define CHECK(cond, ...)                                      \
-  do {                                                        \
-    if (!(cond)) {                                            \
-      ++g_failures;                                           \
-      std::fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-      std::fprintf(stderr, __VA_ARGS__);                      \
-      std::fprintf(stderr, "\n");                             \
-    }                                                         \
-  } while (0)
-
-// ---- element helpers: store/load any dtype from double ----
-static void put(void* p, size_t i, DType t, double v) {
-  switch (t) {
-    case DType::F32: static_cast<float*>(p)[i] = static_cast<float>(v); break;
-    case DType::F64: static_cast<double*>(p)[i] = v; break;
-    case DType::BF16: static_cast<uint16_t*>(p)[i] = f32_to_bf16(static_cast<float>(v)); break;
-    case DType::F16: static_cast<_Float16*>(p)[i] = static_cast<_Float16>(static_cast<float>(v)); break;
-    case DType::I8: static_cast<int8_t*>(p)[i] = static_cast<int8_t>(v); break;
-    case DType::U8: static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v); break;
-    case DType::I32: static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); break;
-    case DType::I64: static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v); break;
-  }
-}
-static double get(const void* p, size_t i, DType t) {
-  switch (t) {
-    case DType::F32: return static_cast<const float*>(p)[i];
-    case DType::F64: return static_cast<const double*>(p)[i];
-    case DType::BF16: return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
-    case DType::F16: return static_cast<float>(static_cast<const _Float16*>(p)[i]);
-    case DType::I8: return static_cast<const int8_t*>(p)[i];
-    case DType::U8: return static_cast<const uint8_t*>(p)[i];
-    case DType::I32: return static_cast<const int32_t*>(p)[i];
-    case DType::I64: return static_cast<const int64_t*>(p)[i];
-  }
-  return 0;
-}
 
 // Small integers in [-3, 3] \ {0} (uint8: [0, 3]) varying with both rank and position; sums stay exact
 // in every dtype, products may wrap in 8 bits (the reference wraps the same way).
@@ -273,10 +237,69 @@ static void test_mismatch_and_timeout() {
   std::printf("mismatch and timeout: checked\n");
 }
 
+// Point-to-point: every ordered pair of 3 ranks (threads) exchanges messages of 0, 1, 191 and 5000
+// bytes (the last ones stream through many 256-byte slots and wrap the ring), each direction on its
+// own thread, every byte checked; then a size mismatch and a recv that nobody answers.
+static void test_p2p() {
+  constexpr int n = 3;
+  constexpr size_t slot = 256;
+  std::vector<std::unique_ptr<ShmP2P>> p;
+  p.push_back(std::make_unique<ShmP2P>("", 0, n, slot));
+  for (int r = 1; r < n; ++r) p.push_back(std::make_unique<ShmP2P>(p[0]->name(), r, n, slot));
+  p[0]->unlink();
+  const size_t sizes[] = {0, 1, 191, 5000, 5000};
+  auto byte = [](int src, int dst, size_t k, size_t i) { return static_cast<char>((src * 31 + dst * 7 + k + i) & 255); };
+  std::atomic<int> messages{0};
+  std::vector<std::thread> threads;
+  for (int src = 0; src < n; ++src)
+    for (int dst = 0; dst < n; ++dst) {
+      if (src == dst) continue;
+      threads.emplace_back([&, src, dst] {
+        for (size_t k = 0; k < 5; ++k) {
+          std::vector<char> msg(sizes[k]);
+          for (size_t i = 0; i < msg.size(); ++i) msg[i] = byte(src, dst, k, i);
+          p[src]->send(msg.data(), msg.size(), dst, 10);
+        }
+      });
+      threads.emplace_back([&, src, dst] {
+        for (size_t k = 0; k < 5; ++k) {
+          std::vector<char> got(sizes[k], 0);
+          p[dst]->recv(got.data(), got.size(), src, 10);
+          bool same = true;
+          for (size_t i = 0; i < got.size(); ++i) same = same && got[i] == byte(src, dst, k, i);
+          CHECK(same, "p2p %d -> %d message %zu (%zu bytes) differs", src, dst, k, sizes[k]);
+          ++messages;
+        }
+      });
+    }
+  for (auto& t : threads) t.join();
+  CHECK(messages == n * (n - 1) * 5, "p2p: %d messages arrived", messages.load());
+
+  std::vector<char> buf(12);
+  p[0]->send(buf.data(), 10, 1, 10);
+  bool mismatch = false;
+  try {
+    p[1]->recv(buf.data(), 12, 0, 10);
+  } catch (const CollectiveMismatchError& e) {
+    mismatch = std::string(e.what()).find("expected 12 bytes") != std::string::npos;
+  }
+  CHECK(mismatch, "p2p: a recv of the wrong size must raise CollectiveMismatchError");
+  std::string timeout;
+  try {
+    p[2]->recv(buf.data(), 4, 0, 0.1);
+  } catch (const CommTimeoutError& e) {
+    timeout = e.what();
+  }
+  CHECK(timeout.find("rank 0") != std::string::npos, "p2p: an unanswered recv must time out naming rank 0: %s",
+        timeout.c_str());
+  std::printf("p2p: %d messages checked\n", messages.load());
+}
+
 int main() {
   test_reduce_tables();
   test_collectives();
   test_mismatch_and_timeout();
+  test_p2p();
   if (g_failures) {
     std::printf("%d failures\n", g_failures);
     return 1;

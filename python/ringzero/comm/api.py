@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as _c10d
 
+from . import cuda
 from .communicator import get_communicator
 from .types import SUPPORTED_DTYPES, ReduceOp, to_reduce_op
 from .work import Work
@@ -48,7 +49,8 @@ def _comm(group, op: str):
     return comm
 
 
-def _check_tensor(t, arg: str, op: str):
+def _check_tensor(t, arg: str, op: str, cuda_kernel: bool = False):
+    """cuda_kernel: the op has CUDA kernels (all_reduce, reduce-scatter, all-gather), which take fewer dtypes."""
     if type(t) is torch.Tensor and t.dtype in _SUPPORTED and t.is_cpu and t.is_contiguous():
         return  # the common case, checked cheaply
     if not isinstance(t, torch.Tensor):
@@ -56,13 +58,23 @@ def _check_tensor(t, arg: str, op: str):
     if t.dtype not in _SUPPORTED:
         names = ", ".join(str(d).replace("torch.", "") for d in SUPPORTED_DTYPES)
         raise TypeError(f"ringzero.{op}: {arg} has dtype {t.dtype}, which ringzero does not support; use one of {names}")
-    if t.device.type != "cpu":
+    if t.device.type == "cuda":
+        cuda.check_available(op, arg)
+        if cuda_kernel and t.dtype not in cuda.CUDA_DTYPES:
+            raise TypeError(f"ringzero.{op}: {arg} is a CUDA tensor of dtype {t.dtype}; the CUDA collectives take "
+                            "float32, bfloat16, float16, int32 or int64 (convert it, or use torch.distributed)")
+    elif t.device.type != "cpu":
         raise ValueError(
-            f"ringzero.{op}: {arg} is on {t.device}, but this build of ringzero runs collectives on CPU "
-            f"tensors only; move it with {arg}.cpu()"
+            f"ringzero.{op}: {arg} is on {t.device}; ringzero runs collectives on CPU and CUDA tensors only; "
+            f"move it with {arg}.cpu()"
         )
     if not t.is_contiguous():
         raise ValueError(f"ringzero.{op}: {arg} must be contiguous; pass {arg}.contiguous()")
+
+
+def _check_same_device(out, inp, op: str):
+    if out.device != inp.device:
+        raise ValueError(f"ringzero.{op}: output is on {out.device} but input is on {inp.device}; put both on one device")
 
 
 def _group_rank_of(comm, global_rank, group_rank, arg: str, op: str) -> int:
@@ -82,13 +94,14 @@ def _group_rank_of(comm, global_rank, group_rank, arg: str, op: str) -> int:
 
 def all_reduce(tensor: torch.Tensor, op=ReduceOp.SUM, group=None, async_op: bool = False):
     """Reduces `tensor` in place across all ranks of `group` (every rank must call it with the same
-    dtype and numel). Returns a Work handle when async_op=True, else None."""
+    dtype and numel). CPU or CUDA tensors (CUDA: float32, bfloat16, float16, int32, int64; see
+    comm/cuda.py for streams). Returns a Work handle when async_op=True, else None."""
     op_ = to_reduce_op(op)
-    _check_tensor(tensor, "tensor", "all_reduce")
+    _check_tensor(tensor, "tensor", "all_reduce", cuda_kernel=True)
     comm = _comm(group, "all_reduce")
     if comm is None:
         return None
-    return comm.run(lambda: comm.all_reduce(tensor, op_), async_op, tensor)
+    return comm.run(lambda: comm.all_reduce(tensor, op_), async_op, tensor, "all_reduce", tensor)
 
 
 def reduce_scatter_single(output: torch.Tensor, input: torch.Tensor, op=ReduceOp.SUM, group=None,
@@ -96,8 +109,9 @@ def reduce_scatter_single(output: torch.Tensor, input: torch.Tensor, op=ReduceOp
     """output (numel k) on group rank r receives block r (elements [r*k, (r+1)*k)) of `input`
     (numel world*k) reduced across ranks. `input` is not modified."""
     op_ = to_reduce_op(op)
-    _check_tensor(output, "output", "reduce_scatter_single")
-    _check_tensor(input, "input", "reduce_scatter_single")
+    _check_tensor(output, "output", "reduce_scatter_single", cuda_kernel=True)
+    _check_tensor(input, "input", "reduce_scatter_single", cuda_kernel=True)
+    _check_same_device(output, input, "reduce_scatter_single")
     comm = _comm(group, "reduce_scatter_single")
     if comm is None:
         return None
@@ -111,13 +125,15 @@ def reduce_scatter_single(output: torch.Tensor, input: torch.Tensor, op=ReduceOp
         )
     if output.data_ptr() == input.data_ptr() and output.numel() and world > 1:
         raise ValueError("ringzero.reduce_scatter_single: output must not alias input; allocate a separate output")
-    return comm.run(lambda: comm.reduce_scatter(output, input, op_), async_op, output)
+    return comm.run(lambda: comm.reduce_scatter(output, input, op_), async_op, output, "reduce_scatter", input,
+                    inputs=(input,))
 
 
 def all_gather_single(output_tensor: torch.Tensor, input_tensor: torch.Tensor, group=None, async_op: bool = False):
     """output_tensor (numel world*k) receives every rank's input_tensor (numel k) in rank order."""
-    _check_tensor(output_tensor, "output_tensor", "all_gather_single")
-    _check_tensor(input_tensor, "input_tensor", "all_gather_single")
+    _check_tensor(output_tensor, "output_tensor", "all_gather_single", cuda_kernel=True)
+    _check_tensor(input_tensor, "input_tensor", "all_gather_single", cuda_kernel=True)
+    _check_same_device(output_tensor, input_tensor, "all_gather_single")
     comm = _comm(group, "all_gather_single")
     if comm is None:
         return None
@@ -131,7 +147,8 @@ def all_gather_single(output_tensor: torch.Tensor, input_tensor: torch.Tensor, g
             f"ringzero.all_gather_single: output_tensor has {output_tensor.numel()} elements but must have "
             f"world_size * input_tensor.numel() = {comm.world * input_tensor.numel()}"
         )
-    return comm.run(lambda: comm.all_gather(output_tensor, input_tensor), async_op, output_tensor)
+    return comm.run(lambda: comm.all_gather(output_tensor, input_tensor), async_op, output_tensor, "all_gather",
+                    output_tensor, inputs=(input_tensor,))
 
 
 # torch.distributed's older names for the two tensor forms (torch 2.13 deprecates them; we keep both).
@@ -144,6 +161,7 @@ def all_gather_v(output: torch.Tensor, input: torch.Tensor, counts, group=None, 
     `output` (numel sum(counts)) receives them in rank order. Every rank must pass the same counts."""
     _check_tensor(output, "output", "all_gather_v")
     _check_tensor(input, "input", "all_gather_v")
+    _check_same_device(output, input, "all_gather_v")
     comm = _comm(group, "all_gather_v")
     if comm is None:
         return None
@@ -160,7 +178,8 @@ def all_gather_v(output: torch.Tensor, input: torch.Tensor, counts, group=None, 
         raise ValueError(f"ringzero.all_gather_v: input has {input.numel()} elements but counts[{rank}] = {counts[rank]}")
     if output.numel() != sum(counts):
         raise ValueError(f"ringzero.all_gather_v: output has {output.numel()} elements but sum(counts) = {sum(counts)}")
-    return comm.run(lambda: comm.all_gather(output, input, counts), async_op, output)
+    return comm.run(lambda: comm.all_gather(output, input, counts), async_op, output, "all_gather_v", output,
+                    inputs=(input,))
 
 
 def broadcast(tensor: torch.Tensor, src: int | None = None, group=None, async_op: bool = False,
@@ -171,7 +190,7 @@ def broadcast(tensor: torch.Tensor, src: int | None = None, group=None, async_op
     if comm is None:
         return None
     root = _group_rank_of(comm, src, group_src, "src", "broadcast")
-    return comm.run(lambda: comm.broadcast(tensor, root), async_op, tensor)
+    return comm.run(lambda: comm.broadcast(tensor, root), async_op, tensor, "broadcast", tensor)
 
 
 def reduce(tensor: torch.Tensor, dst: int | None = None, op=ReduceOp.SUM, group=None, async_op: bool = False,
@@ -184,7 +203,7 @@ def reduce(tensor: torch.Tensor, dst: int | None = None, op=ReduceOp.SUM, group=
     if comm is None:
         return None
     root = _group_rank_of(comm, dst, group_dst, "dst", "reduce")
-    return comm.run(lambda: comm.reduce(tensor, root, op_), async_op, tensor)
+    return comm.run(lambda: comm.reduce(tensor, root, op_), async_op, tensor, "reduce", tensor)
 
 
 def barrier(group=None, async_op: bool = False):
@@ -192,7 +211,7 @@ def barrier(group=None, async_op: bool = False):
     comm = _comm(group, "barrier")
     if comm is None:
         return None
-    return comm.run(comm.barrier, async_op)
+    return comm.run(comm.barrier, async_op, None, "barrier")
 
 
 __all__ = [

@@ -17,17 +17,20 @@ import datetime
 import os
 import socket
 import threading
+import time
 
 import torch
 import torch.distributed as dist
 
 from .. import _C
-from .errors import CommError, CommTimeout
+from .errors import CollectiveMismatch, CommError, CommTimeout
+from .flight import FlightRecorder
 from .ring import P2PRing
-from .types import ReduceOp
+from .types import SUPPORTED_DTYPES, ReduceOp
 from .work import Work
 
 ALGOS = {"auto": 0, "oneshot": 1, "twoshot": 2, "ring": 3}
+_OP_CODES = {"barrier": 0, "all_reduce": 1, "reduce_scatter": 2, "all_gather": 3, "broadcast": 4, "reduce": 5}
 
 
 def _env_float(name: str, default: float) -> float:
@@ -76,11 +79,18 @@ class Communicator:
         if algo not in ALGOS:
             raise ValueError(f"RINGZERO_ALLREDUCE_ALGO={algo!r}: use one of {', '.join(ALGOS)}")
         self.algo = ALGOS[algo]
-        self.seq = 0
+        # Fingerprint checks are always on for shared memory (free there); on the network paths they cost
+        # one small all-gather per call, so they run only with RINGZERO_DEBUG=1.
+        self.debug = os.environ.get("RINGZERO_DEBUG", "0") not in ("", "0")
+        self.seq = 0  # calls submitted
+        self.busy_s = 0.0  # seconds spent inside collectives (overlapped async time included)
+        self._running_seq = 0
+        self.flight = FlightRecorder(dist.get_rank(), f"group of {self.world} ranks {self.global_ranks[:8]}")
         self.shm = None
         self._lock = threading.Lock()
         self._pending = 0
         self._executor = None
+        self._cuda = None  # CudaPath, made on the first CUDA collective (comm/cuda.py)
 
         self._store = _rendezvous_store(group, generation)
         infos = self._exchange("host", f"{host_id()}|{os.getpid()}", list(range(self.world)))
@@ -162,16 +172,48 @@ class Communicator:
             raise CommError(f"ringzero could not set up shared memory: {errors}")
 
     # ---- execution ---------------------------------------------------------------------------------
-    def run(self, fn, async_op: bool, result=None):
-        """Runs fn in call order: inline when nothing is pending, else behind the pending calls."""
+    def cuda_path(self, t: torch.Tensor, op: str):
+        """The CUDA transports (comm/cuda.py), made at this group's first CUDA collective."""
+        if self._cuda is None:
+            from .cuda import CudaPath
+
+            self._cuda = CudaPath(self, t.device)
+        self._cuda.check_device(t, op)
+        return self._cuda
+
+    def run(self, fn, async_op: bool, result=None, op: str = "collective", tensor=None, inputs=()):
+        """Runs fn in call order: inline when nothing is pending, else behind the pending calls.
+        Each call is logged in the flight recorder; a timeout or mismatch dumps it and names the file.
+        CUDA tensors: fn is enqueued on the communicator's stream instead (comm/cuda.py)."""
         self.seq += 1
+        if result is not None and result.is_cuda:
+            return self.cuda_path(result, op).launch(fn, async_op, (result, *inputs), result)
+        entry = self.flight.start(self.seq, op, tensor)
         if not async_op:
             if self._pending == 0:  # read under the GIL; only the calling thread submits
-                fn()
+                self._logged(fn, entry)
                 return None
-            self._submit(fn).result()
+            self._submit(lambda: self._logged(fn, entry)).result()
             return None
-        return Work(self._submit(fn), result)
+        return Work(self._submit(lambda: self._logged(fn, entry)), result)
+
+    def _logged(self, fn, entry):
+        # Calls execute one at a time (inline or on the worker), so this is the running call's number,
+        # which with async_op can lag self.seq (the number of calls submitted).
+        self._running_seq = entry[0]
+        t0 = time.perf_counter()
+        try:
+            fn()
+        except (CommTimeout, CollectiveMismatch) as e:
+            self.flight.end(entry, type(e).__name__)
+            path = self.flight.dump(f"{entry[1]} #{entry[0]}: {type(e).__name__}")
+            raise type(e)(f"{e}\nflight recorder of this rank: {path}") from e
+        except BaseException as e:
+            self.flight.end(entry, type(e).__name__)
+            raise
+        finally:
+            self.busy_s += time.perf_counter() - t0
+        self.flight.end(entry)
 
     def _submit(self, fn) -> concurrent.futures.Future:
         with self._lock:
@@ -191,23 +233,51 @@ class Communicator:
     def close(self):
         if self._executor is not None:
             self._executor.shutdown(wait=True)
+        if self._cuda is not None:
+            self._cuda.close()
+            self._cuda = None
         self.shm = None
 
     def _label(self, op: str) -> str:
-        return f"{op} (sequence number {self.seq})"
+        return f"{op} (sequence number {self._running_seq})"
 
-    # ---- collectives on flat contiguous tensors ----------------------------------------------------
+    def _network(self, op: str, x: torch.Tensor, root: int = -1, reduce_op=None) -> P2PRing:
+        """The flat ring, after (with RINGZERO_DEBUG=1) checking that every rank calls the same thing."""
+        ring = self.flat_ring
+        if self.debug:
+            fields = [self._running_seq, _OP_CODES[op], SUPPORTED_DTYPES.index(x.dtype), x.numel(), root,
+                      -1 if reduce_op is None else int(reduce_op)]
+            mine = torch.tensor(fields, dtype=torch.int64)
+            table = torch.empty(self.world * len(fields), dtype=torch.int64)
+            ring.begin(self._label(f"{op} fingerprint check"))
+            ring.all_gather(mine, table)
+            rows = table.view(self.world, len(fields)).tolist()
+            if any(row != rows[0] for row in rows):
+                names = {v: k for k, v in _OP_CODES.items()}
+                lines = [f"  {r:>4} | {names.get(row[1], '?'):<14} | {row[0]:>4} | "
+                         f"{str(SUPPORTED_DTYPES[row[2]]).replace('torch.', ''):<8} | {row[3]:>10} | {row[5]:>2} | {row[4]}"
+                         for r, row in enumerate(rows)]
+                raise CollectiveMismatch(
+                    f"ringzero collective mismatch detected on group rank {self.rank} (RINGZERO_DEBUG=1): ranks "
+                    "called different collectives at the same point.\n  rank | op             | seq  | dtype    "
+                    "| count      | op | root\n" + "\n".join(lines))
+        ring.begin(self._label(op))
+        return ring
+
+    # ---- collectives on contiguous tensors (any shape: the native paths use numel and data) -------
     def all_reduce(self, x: torch.Tensor, op: ReduceOp):
+        if x.is_cuda:
+            return self._cuda.all_reduce(x, op)
         if self.world == 1:
             return
         if self.single_host:
             self.shm.all_reduce(x, x, int(op), self.algo)
             return
-        x = x.view(-1)  # the Python rings slice flat buffers; the native paths take any contiguous shape
+        x = x.view(-1)  # the Python rings slice flat buffers
         base, divisor = (ReduceOp.SUM, self.world) if op == ReduceOp.AVG else (op, 1)
+        ring = self._network("all_reduce", x, reduce_op=op)
         if not self.hierarchical:
-            self.flat_ring.begin(self._label("all_reduce"))
-            self.flat_ring.all_reduce(x, base, divisor)
+            ring.all_reduce(x, base, divisor)
             return
         # Hierarchical: reduce-scatter in the host, one ring per local rank across hosts, all-gather.
         L = self.local_world
@@ -223,6 +293,8 @@ class Communicator:
             x.copy_(gathered[: x.numel()])
 
     def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, op: ReduceOp):
+        if out.is_cuda:
+            return self._cuda.reduce_scatter(out, inp, op)
         if self.single_host:
             if self.world == 1:
                 _C.reduce_(out, [inp], int(ReduceOp.SUM), 1)
@@ -230,10 +302,14 @@ class Communicator:
                 self.shm.reduce_scatter(inp, out, int(op))
             return
         base, divisor = (ReduceOp.SUM, self.world) if op == ReduceOp.AVG else (op, 1)
-        self.flat_ring.begin(self._label("reduce_scatter"))
-        self.flat_ring.reduce_scatter(inp.view(-1), out.view(-1), base, divisor)
+        ring = self._network("reduce_scatter", inp, reduce_op=op)
+        ring.reduce_scatter(inp.view(-1), out.view(-1), base, divisor)
 
     def all_gather(self, out: torch.Tensor, inp: torch.Tensor, counts: list[int] | None = None):
+        if out.is_cuda:
+            if counts is None:
+                return self._cuda.all_gather(out, inp)
+            return _through_host(lambda o, i: self.all_gather(o, i, counts), out, inp)
         if self.single_host:
             if self.world == 1:
                 out.view(-1).copy_(inp.view(-1))
@@ -242,28 +318,29 @@ class Communicator:
             else:
                 self.shm.all_gather_v(inp, out, counts)
             return
-        self.flat_ring.begin(self._label("all_gather"))
-        self.flat_ring.all_gather(inp.view(-1), out.view(-1), counts)
+        self._network("all_gather", out).all_gather(inp.view(-1), out.view(-1), counts)
 
     def broadcast(self, x: torch.Tensor, root: int):
+        if x.is_cuda:
+            return _through_host(lambda h: self.broadcast(h, root), x)
         if self.world == 1:
             return
         if self.single_host:
             self.shm.broadcast(x, root)
             return
-        self.flat_ring.begin(self._label("broadcast"))
-        self.flat_ring.broadcast(x.view(-1), root)
+        self._network("broadcast", x, root=root).broadcast(x.view(-1), root)
 
     def reduce(self, x: torch.Tensor, root: int, op: ReduceOp):
+        if x.is_cuda:
+            return _through_host(lambda h: self.reduce(h, root, op), x)
         if self.world == 1:
             return
         if self.single_host:
             self.shm.reduce(x, x, int(op), root)
             return
         base, divisor = (ReduceOp.SUM, self.world) if op == ReduceOp.AVG else (op, 1)
-        self.flat_ring.begin(self._label("reduce"))
         x = x.view(-1)
-        self.flat_ring.reduce(x, x, root, base, divisor)
+        self._network("reduce", x, root=root, reduce_op=op).reduce(x, x, root, base, divisor)
 
     def barrier(self):
         if self.world == 1:
@@ -271,8 +348,15 @@ class Communicator:
         if self.single_host:
             self.shm.barrier()
             return
-        self.flat_ring.begin(self._label("barrier"))
-        self.flat_ring.barrier()
+        self._network("barrier", torch.empty(0, dtype=torch.uint8)).barrier()
+
+
+def _through_host(fn, out: torch.Tensor, *inputs: torch.Tensor):
+    """Broadcast, reduce and all_gather_v have no CUDA kernels: run them on host copies (this waits
+    for the GPU; it is correct, not fast)."""
+    host = out.cpu()
+    fn(host, *(t.cpu() for t in inputs))
+    out.copy_(host)
 
 
 def _rendezvous_store(group, generation: int):
@@ -302,6 +386,12 @@ def get_communicator(group, op: str = "collective") -> Communicator:
     with _COMMS_LOCK:
         _COMMS[id(group)] = comm
     return comm
+
+
+def comm_seconds() -> float:
+    """Seconds this process has spent inside ringzero collectives, over all communicators."""
+    with _COMMS_LOCK:
+        return sum(c.busy_s for c in _COMMS.values())
 
 
 def destroy_communicators():

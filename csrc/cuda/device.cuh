@@ -1,0 +1,233 @@
+// Device-side building blocks shared by every CUDA kernel of layer 2: element traits (16-bit floats
+// accumulate in float32), 16-byte packs, the element-wise reduction over up to kMaxRanks sources, and
+// system-scope flags with a bounded spin.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <cstdio>
+
+#include "cuda/peer_types.h"
+
+namespace ringzero::cuda {
+
+constexpr int kPackBytes = 16;  // one 128-bit load or store per thread and source
+
+// ---- element traits ------------------------------------------------------------------------------
+// Integers accumulate in their own type with wrap-around (unsigned arithmetic, defined behaviour), so
+// Avg divides the wrapped sum exactly as the CPU kernels and torch do.
+template <class T> struct Elem {
+  using Acc = T;
+  static __device__ __forceinline__ Acc load(T v) { return v; }
+  static __device__ __forceinline__ T store(Acc a) { return a; }
+};
+template <> struct Elem<__nv_bfloat16> {
+  using Acc = float;
+  static __device__ __forceinline__ float load(__nv_bfloat16 v) { return __bfloat162float(v); }
+  static __device__ __forceinline__ __nv_bfloat16 store(float a) { return __float2bfloat16_rn(a); }
+};
+template <> struct Elem<__half> {
+  using Acc = float;
+  static __device__ __forceinline__ float load(__half v) { return __half2float(v); }
+  static __device__ __forceinline__ __half store(float a) { return __float2half_rn(a); }
+};
+
+template <class A> struct Unsigned { using type = A; };
+template <> struct Unsigned<int8_t> { using type = uint32_t; };  // promote: no signed int overflow
+template <> struct Unsigned<uint8_t> { using type = uint32_t; };
+template <> struct Unsigned<int32_t> { using type = uint32_t; };
+template <> struct Unsigned<int64_t> { using type = uint64_t; };
+
+template <class A> __device__ __forceinline__ constexpr bool is_int() { return A(1) / A(2) == A(0); }
+
+// The four element operators (Avg is Sum plus a divisor at the final write). Min/Max use the same
+// comparisons as the CPU kernels so both paths agree on every input, NaN included.
+struct SumOp {
+  template <class A> static __device__ __forceinline__ A apply(A a, A b) {
+    if constexpr (is_int<A>()) {
+      using U = typename Unsigned<A>::type;
+      return static_cast<A>(static_cast<U>(a) + static_cast<U>(b));
+    } else {
+      return a + b;
+    }
+  }
+};
+struct ProdOp {
+  template <class A> static __device__ __forceinline__ A apply(A a, A b) {
+    if constexpr (is_int<A>()) {
+      using U = typename Unsigned<A>::type;
+      return static_cast<A>(static_cast<U>(a) * static_cast<U>(b));
+    } else {
+      return a * b;
+    }
+  }
+};
+struct MinOp {
+  template <class A> static __device__ __forceinline__ A apply(A a, A b) { return b < a ? b : a; }
+};
+struct MaxOp {
+  template <class A> static __device__ __forceinline__ A apply(A a, A b) { return a < b ? b : a; }
+};
+
+template <class A> __device__ __forceinline__ A divide(A a, int divisor) {
+  return a / static_cast<A>(divisor);  // integers truncate toward zero, as NCCL and the CPU path do
+}
+
+// ---- 16-byte packs -------------------------------------------------------------------------------
+template <class T> struct alignas(kPackBytes) Pack {
+  static constexpr int N = kPackBytes / sizeof(T);
+  T v[N];
+};
+
+// Loads bypass L1 (.cg): staging and FIFO slots are rewritten by peers inside one kernel, and a stale
+// L1 line must never be read after a flag said the new data is there.
+template <class T> __device__ __forceinline__ Pack<T> load_pack(const T* p) {
+  uint4 raw = __ldcg(reinterpret_cast<const uint4*>(p));
+  Pack<T> out;
+  memcpy(&out, &raw, kPackBytes);
+  return out;
+}
+// One element through L2 only, for the scalar tail (same reason as load_pack).
+template <class T> __device__ __forceinline__ T load_cg(const T* p) {
+  static_assert(sizeof(T) == 1 || sizeof(T) == 2 || sizeof(T) == 4 || sizeof(T) == 8, "element size");
+  T out;
+  if constexpr (sizeof(T) == 1) {
+    unsigned char r = __ldcg(reinterpret_cast<const unsigned char*>(p));
+    memcpy(&out, &r, 1);
+  } else if constexpr (sizeof(T) == 2) {
+    unsigned short r = __ldcg(reinterpret_cast<const unsigned short*>(p));
+    memcpy(&out, &r, 2);
+  } else if constexpr (sizeof(T) == 4) {
+    unsigned int r = __ldcg(reinterpret_cast<const unsigned int*>(p));
+    memcpy(&out, &r, 4);
+  } else {
+    unsigned long long r = __ldcg(reinterpret_cast<const unsigned long long*>(p));
+    memcpy(&out, &r, 8);
+  }
+  return out;
+}
+template <class T> __device__ __forceinline__ void store_pack(T* p, const Pack<T>& v) {
+  uint4 raw;
+  memcpy(&raw, &v, kPackBytes);
+  __stcg(reinterpret_cast<uint4*>(p), raw);
+}
+
+// Up to kMaxRanks sources combined in index order and written to one or two destinations (the output
+// and a peer's FIFO slot: NCCL's "copy-send" in one pass). Sources and destinations may alias one
+// another element-wise (every thread loads a whole pack before it stores it).
+template <class T> struct Span {
+  const T* src[kMaxRanks];
+  int nsrc;
+  T* dst[2];
+  int ndst;
+};
+
+// Applies Op over [0, len) of every source, block-wide (this block's threads only). Bytes moved:
+// (nsrc + ndst) * len * sizeof(T). The vector loop needs every pointer 16-byte aligned; otherwise (a
+// user tensor that is an odd view) the whole range takes the scalar loop.
+template <class T, class Op>
+__device__ void reduce_span(const Span<T>& s, size_t len, int divisor) {
+  using E = Elem<T>;
+  using A = typename E::Acc;
+  constexpr int N = Pack<T>::N;
+  uintptr_t misalign = 0;
+  for (int i = 0; i < s.nsrc; ++i) misalign |= reinterpret_cast<uintptr_t>(s.src[i]);
+  for (int i = 0; i < s.ndst; ++i) misalign |= reinterpret_cast<uintptr_t>(s.dst[i]);
+  size_t vec_len = (misalign % kPackBytes == 0) ? len / N * N : 0;
+  for (size_t p = static_cast<size_t>(threadIdx.x) * N; p < vec_len; p += static_cast<size_t>(blockDim.x) * N) {
+    Pack<T> x = load_pack(s.src[0] + p);
+    A acc[N];
+#pragma unroll
+    for (int j = 0; j < N; ++j) acc[j] = E::load(x.v[j]);
+    for (int i = 1; i < s.nsrc; ++i) {
+      Pack<T> y = load_pack(s.src[i] + p);
+#pragma unroll
+      for (int j = 0; j < N; ++j) acc[j] = Op::apply(acc[j], E::load(y.v[j]));
+    }
+    Pack<T> out;
+#pragma unroll
+    for (int j = 0; j < N; ++j) out.v[j] = E::store(divisor > 1 ? divide(acc[j], divisor) : acc[j]);
+    for (int i = 0; i < s.ndst; ++i) store_pack(s.dst[i] + p, out);
+  }
+  for (size_t e = vec_len + threadIdx.x; e < len; e += blockDim.x) {
+    A acc = E::load(load_cg(s.src[0] + e));
+    for (int i = 1; i < s.nsrc; ++i) acc = Op::apply(acc, E::load(load_cg(s.src[i] + e)));
+    const T out = E::store(divisor > 1 ? divide(acc, divisor) : acc);
+    for (int i = 0; i < s.ndst; ++i) s.dst[i][e] = out;
+  }
+}
+
+// dst[0, len) = src[0, len), block-wide (a one-source span).
+template <class T> __device__ __forceinline__ void copy_block(T* dst, const T* src, size_t len) {
+  Span<T> s{};
+  s.src[0] = src;
+  s.nsrc = 1;
+  s.dst[0] = dst;
+  s.ndst = 1;
+  reduce_span<T, SumOp>(s, len, 1);
+}
+
+// ---- flags ---------------------------------------------------------------------------------------
+__device__ __forceinline__ void store_release_sys(uint64_t* p, uint64_t v) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ uint64_t load_acquire_sys(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ uint64_t global_timer_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// Spins until *flag >= target. Past timeout_ns it prints who waited for what and traps: the launch
+// fails with an error the host sees at its next synchronisation, instead of hanging or returning a
+// half-reduced buffer. `what`/`peer` only feed the message.
+__device__ __forceinline__ void wait_at_least(const uint64_t* flag, uint64_t target, uint64_t timeout_ns,
+                                              const char* what, int rank, int peer) {
+  if (load_acquire_sys(flag) >= target) return;
+  const uint64_t start = global_timer_ns();
+  for (uint32_t spins = 1;; ++spins) {
+    if (load_acquire_sys(flag) >= target) return;
+    if ((spins & 1023u) == 0 && global_timer_ns() - start > timeout_ns) {
+      printf("ringzero: rank %d block %d timed out waiting for %s of rank %d (flag %llu, want %llu); "
+             "a peer died or called a different collective\n",
+             rank, static_cast<int>(blockIdx.x), what, peer, static_cast<unsigned long long>(*flag),
+             static_cast<unsigned long long>(target));
+      __trap();
+    }
+  }
+}
+
+// Barrier between block blockIdx.x of every rank. On entry every write this block made (to its own
+// staging or a peer's) is released to the whole system; on exit every peer's block has entered, so
+// their earlier writes are visible here. Cost: one remote 8-byte store and one poll per peer.
+// Invariant: all ranks run the same number of barriers per block index, so epoch[b] is equal on all.
+__device__ __forceinline__ void block_barrier(const PeerTable& peers, int rank, uint64_t timeout_ns) {
+  Signal* self = peers.signal[rank];
+  const int b = blockIdx.x;
+  __syncthreads();  // the block's writes happen before thread q's release (PTX release is cumulative)
+  const uint64_t target = self->epoch[b] + 1;
+  if (threadIdx.x < peers.nranks) {
+    const int q = threadIdx.x;
+    store_release_sys(&peers.signal[q]->arrive[b][rank], target);
+    wait_at_least(&self->arrive[b][q], target, timeout_ns, "barrier", rank, q);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) self->epoch[b] = target;
+}
+
+// The part [begin, end) of `len` elements that block `b` of `nblocks` owns, in whole packs, so that the
+// same block index owns the same elements on every rank (per-block barriers then suffice).
+template <class T> __device__ __forceinline__ void block_part(size_t len, int b, int nblocks, size_t* begin,
+                                                               size_t* end) {
+  constexpr size_t N = Pack<T>::N;
+  const size_t per = (len + nblocks * N - 1) / (nblocks * N) * N;
+  *begin = per * b < len ? per * b : len;
+  *end = *begin + per < len ? *begin + per : len;
+}
+
+}  // namespace ringzero::cuda

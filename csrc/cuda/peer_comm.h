@@ -1,0 +1,92 @@
+// Peer-memory communicators (layer 2, host side): PeerComm is one real rank whose staging buffer and
+// signal block are exported as a CUDA IPC handle and opened by the other ranks of the node; SimWorld
+// is N simulated ranks in one process on one GPU (DESIGN.md "Proving GPU code on one GPU"), launched
+// as one grid with blockIdx.y = rank. Both run the same kernels through run_collective().
+//
+// Every method enqueues work on the given stream and returns (no host synchronisation, so calls can be
+// captured in a CUDA graph). Setup errors and launch errors throw ringzero::CommError/InvalidArgument.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "core/types.h"
+#include "cuda/collectives.h"
+#include "cuda/peer_types.h"
+
+namespace ringzero::cuda {
+
+struct PeerConfig {
+  size_t staging_bytes = 8u << 20;        // per rank; larger messages stream through it
+  double timeout_s = 300;                 // a kernel spinning longer traps (see device.cuh)
+  int ring_channels = 16;                 // fixed per communicator (it fixes the FIFO layout)
+  int max_blocks = 32;                    // one-shot/two-shot blocks per rank
+  // Auto picks one-shot up to one_shot_max_bytes, two-shot up to two_shot_max_bytes, ring above.
+  // NOT MEASURED by us (no GPU yet): starting points, to be replaced by the crossover that
+  // benchmarks/gpu_check.sh prints (benchmarks/bench_cuda.py, section "algorithms").
+  size_t one_shot_max_bytes = 256u << 10;
+  size_t two_shot_max_bytes = 16u << 20;
+};
+
+// The algorithm Auto picks for a message of `bytes` per rank.
+Algo choose_algo(const PeerConfig& cfg, size_t bytes);
+
+// What a rank's table of peers and config yield for one call: the launch of `grid_y` ranks' buffers.
+// all_reduce: in/out `count` elements; reduce_scatter: in nranks * count, out count; all_gather: in
+// count, out nranks * count. Throws on an invalid argument or a failed launch.
+enum class Coll : int32_t { AllReduce = 0, ReduceScatter = 1, AllGather = 2 };
+void run_collective(Coll coll, const PeerConfig& cfg, const PeerTable& peers, const RankBuffers* ranks,
+                    int grid_y, size_t count, DType dtype, ReduceOp op, Algo algo, cudaStream_t stream);
+
+// One real rank.
+class PeerComm {
+ public:
+  // Allocates and zeroes this rank's staging buffer and signal block on the current device.
+  PeerComm(int rank, int nranks, const PeerConfig& cfg);
+  ~PeerComm();
+  PeerComm(const PeerComm&) = delete;
+  PeerComm& operator=(const PeerComm&) = delete;
+
+  // The IPC handle of this rank's allocation (sizeof(cudaIpcMemHandle_t) bytes) to share via the store.
+  std::string ipc_handle() const;
+  // Opens every other rank's handle (handles[q] from rank q; handles[rank] is ignored).
+  void open_peers(const std::vector<std::string>& handles);
+
+  void run(Coll coll, const void* in, void* out, size_t count, DType dtype, ReduceOp op, Algo algo,
+           cudaStream_t stream);
+  int rank() const { return rank_; }
+  int nranks() const { return table_.nranks; }
+  const PeerConfig& config() const { return cfg_; }
+
+ private:
+  int rank_;
+  PeerConfig cfg_;
+  PeerTable table_{};
+  void* base_ = nullptr;            // own allocation: Signal, then staging
+  std::vector<void*> opened_;       // peers' IPC mappings, to close
+  bool ready_ = false;
+};
+
+// N simulated ranks in this process, each with its own staging buffer and signal block.
+class SimWorld {
+ public:
+  SimWorld(int nranks, const PeerConfig& cfg);
+  ~SimWorld();
+  SimWorld(const SimWorld&) = delete;
+  SimWorld& operator=(const SimWorld&) = delete;
+
+  // ins[q], outs[q]: rank q's buffers (device pointers), shapes as run_collective.
+  void run(Coll coll, const std::vector<const void*>& ins, const std::vector<void*>& outs, size_t count,
+           DType dtype, ReduceOp op, Algo algo, cudaStream_t stream);
+  int nranks() const { return table_.nranks; }
+  const PeerConfig& config() const { return cfg_; }
+
+ private:
+  PeerConfig cfg_;
+  PeerTable table_{};
+  std::vector<void*> bases_;
+};
+
+}  // namespace ringzero::cuda

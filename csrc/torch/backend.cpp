@@ -1,0 +1,273 @@
+// RingzeroBackend: construction (shared-memory rendezvous through the group's store), the choice
+// between our path and the inner backend, the worker-thread plumbing, and the ops that are always
+// handed to the inner backend. The collectives themselves are in backend_ops.cpp.
+#include "backend.h"
+
+#include <torch/csrc/distributed/c10d/logging.h>
+
+#include <algorithm>
+#include <chrono>
+#include <exception>
+#include <sstream>
+
+#include "core/errors.h"
+
+namespace ringzero {
+namespace {
+
+constexpr const char* kKeyPrefix = "ringzero/";
+
+std::chrono::milliseconds to_ms(double seconds) {
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0));
+}
+
+// c10d's debug level (TORCH_CPP_LOG_LEVEL=INFO with TORCH_DISTRIBUTED_DEBUG=DETAIL), as torch's own
+// C10D_DEBUG does; that macro formats with fmt, whose compiled part torch does not export.
+void debug_log(const std::string& msg) {
+  if (c10d::detail::isLogLevelEnabled(c10d::detail::LogLevel::Debug)) LOG(INFO) << "[c10d - debug] ringzero: " << msg;
+}
+
+// Point-to-point slots: smaller than the collectives' (n^2 channels of kSlots slots each); a test's
+// smaller RINGZERO_SHM_BUFFER_BYTES shrinks them too, so that it exercises slicing.
+constexpr size_t kP2PSlotBytesMax = 64 << 10;
+
+std::string key(const std::string& name, int rank = -1) {
+  return kKeyPrefix + name + (rank >= 0 ? "/" + std::to_string(rank) : "");
+}
+
+}  // namespace
+
+size_t RingzeroBackend::p2p_slot_bytes() const { return std::min(config_.slot_bytes, kP2PSlotBytesMax); }
+
+RingzeroBackend::RingzeroBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                 BackendConfig config, c10::intrusive_ptr<c10d::Backend> cpu_fallback,
+                                 c10::intrusive_ptr<c10d::Backend> cuda_fallback)
+    : c10d::Backend(rank, size),
+      config_(std::move(config)),
+      cpu_fallback_(std::move(cpu_fallback)),
+      cuda_fallback_(std::move(cuda_fallback)) {
+  TORCH_CHECK_VALUE(cpu_fallback_, "ringzero backend needs an inner CPU backend (gloo) for the ops it hands on");
+  TORCH_CHECK_VALUE(config_.timeout_s > 0, "timeout must be positive, got ", config_.timeout_s, " s");
+  init();
+  rendezvous(store);
+}
+
+RingzeroBackend::~RingzeroBackend() { stop_executors(); }
+
+void RingzeroBackend::stop_executors() {
+  executor_.stop();
+  std::lock_guard<std::mutex> lock(peers_mu_);
+  for (auto& kv : peer_executors_) kv.second->stop();
+}
+
+SerialExecutor& RingzeroBackend::peer_executor(bool sending, int peer) {
+  std::lock_guard<std::mutex> lock(peers_mu_);
+  auto& ex = peer_executors_[{sending, peer}];
+  if (!ex) ex = std::make_unique<SerialExecutor>();
+  return *ex;
+}
+
+// Every rank publishes its host id. If all agree, rank 0 creates the two segments (collectives and
+// point-to-point) and publishes their names, the others open them and report, rank 0 unlinks them
+// once all have reported (so a killed process leaks nothing) and publishes the verdict. Every store wait is bounded by the timeout.
+void RingzeroBackend::rendezvous(const c10::intrusive_ptr<c10d::Store>& store) {
+  const auto timeout = to_ms(config_.timeout_s);
+  const int rank = getRank(), size = getSize();
+  store->set(key("host", rank), config_.host_id);
+  std::vector<std::string> host_keys;
+  for (int r = 0; r < size; ++r) host_keys.push_back(key("host", r));
+  store->wait(host_keys, timeout);
+  for (int r = 0; r < size; ++r)
+    if (store->get_to_str(host_keys[r]) != config_.host_id) {
+      // The group spans hosts: the shared-memory path does not apply; the inner backend runs it all.
+      debug_log("group rank " + std::to_string(rank) + " of " + std::to_string(size) +
+                " spans several hosts; every op goes to the inner backend");
+      return;
+    }
+
+  std::string error;
+  if (rank == 0) {
+    try {
+      shm_ = std::make_unique<ShmComm>("", 0, size, config_.slot_bytes, config_.timeout_s, std::vector<int>{});
+      p2p_ = std::make_unique<ShmP2P>("", 0, size, p2p_slot_bytes());
+      store->set(key("segment"), "ok:" + shm_->name() + "|" + p2p_->name());
+    } catch (const std::exception& e) {
+      store->set(key("segment"), std::string("error:rank 0: ") + e.what());
+      throw;
+    }
+  } else {
+    store->wait({key("segment")}, timeout);
+    const std::string seg = store->get_to_str(key("segment"));
+    if (seg.rfind("ok:", 0) != 0) throw CommError("ringzero backend could not set up shared memory: " + seg.substr(6));
+    try {
+      const size_t bar = seg.find('|');
+      shm_ = std::make_unique<ShmComm>(seg.substr(3, bar - 3), rank, size, config_.slot_bytes, config_.timeout_s,
+                                       std::vector<int>{});
+      p2p_ = std::make_unique<ShmP2P>(seg.substr(bar + 1), rank, size, p2p_slot_bytes());
+    } catch (const std::exception& e) {
+      error = "rank " + std::to_string(rank) + ": " + e.what();
+    }
+    store->set(key("opened", rank), error);
+  }
+
+  if (rank == 0) {
+    std::vector<std::string> opened;
+    for (int r = 1; r < size; ++r) opened.push_back(key("opened", r));
+    std::string errors;
+    try {
+      if (!opened.empty()) store->wait(opened, timeout);
+      for (const auto& k : opened) {
+        const std::string e = store->get_to_str(k);
+        if (!e.empty()) errors += (errors.empty() ? "" : "; ") + e;
+      }
+    } catch (...) {
+      shm_->unlink();
+      p2p_->unlink();
+      store->set(key("verdict"), "some ranks never opened the segment");
+      throw;
+    }
+    shm_->unlink();
+    p2p_->unlink();
+    store->set(key("verdict"), errors);
+    error = errors;
+  } else {
+    store->wait({key("verdict")}, timeout);
+    const std::string verdict = store->get_to_str(key("verdict"));
+    if (error.empty()) error = verdict;
+  }
+  // The worker thread waits while this rank's main thread computes (DDP's backward overlaps its
+  // all-reduces): spinning would take that core, so it sleeps on the peer's futex at once. Measured
+  // with benchmarks/ddp_backend.py on the shared 2-core machine (2026-11-21, then still a polling
+  // sleep): all-reduce of 13 MB at 2 ranks took 3.1 ms without spinning, 14.4 ms with it.
+  if (shm_) shm_->set_spin(false);
+  if (!error.empty()) {
+    shm_.reset();
+    p2p_.reset();
+    throw CommError("ringzero backend could not set up shared memory: " + error);
+  }
+}
+
+void RingzeroBackend::count(std::map<std::string, int64_t>& table, const char* op) {
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  if (table[op]++ == 0 && &table == &fallback_calls_)
+    debug_log(std::string(op) + " is handed to the inner backend (first call on group rank " +
+              std::to_string(getRank()) + ")");
+}
+
+std::map<std::string, std::map<std::string, int64_t>> RingzeroBackend::stats() const {
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  return {{"native", native_calls_}, {"fallback", fallback_calls_}};
+}
+
+c10d::Backend* RingzeroBackend::route(const at::Device& device, const char* op, bool native_ok) {
+  if (device.is_cpu()) {
+    if (shm_ && native_ok) {
+      count(native_calls_, op);
+      return nullptr;
+    }
+    count(fallback_calls_, op);
+    return cpu_fallback_.get();
+  }
+  if (device.is_cuda()) {
+    // Until the CUDA collectives land, CUDA tensors always go to NCCL.
+    TORCH_CHECK_VALUE(cuda_fallback_, "ringzero ", op, ": got a CUDA tensor, but this process group has no CUDA "
+                      "backend (torch without NCCL, or no GPU when the group was created); use CPU tensors or "
+                      "init_process_group('cpu:ringzero,cuda:nccl')");
+    count(fallback_calls_, op);
+    return cuda_fallback_.get();
+  }
+  TORCH_CHECK_VALUE(false, "ringzero ", op, ": tensors on ", device, " are not supported; use CPU or CUDA tensors");
+}
+
+c10::intrusive_ptr<c10d::Work> RingzeroBackend::enqueue_on(SerialExecutor& executor, c10d::OpType type,
+                                                           std::vector<at::Tensor> outputs, std::function<void()> fn) {
+  auto work = c10::make_intrusive<RingzeroWork>(getRank(), type, outputs, ++seq_);
+  executor.submit([work, fn = std::move(fn)] {
+    std::exception_ptr error;
+    try {
+      fn();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    work->complete(error);
+  });
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> RingzeroBackend::enqueue(c10d::OpType type, std::vector<at::Tensor> outputs,
+                                                        std::chrono::milliseconds timeout,
+                                                        std::function<void(ShmComm&)> fn) {
+  const double timeout_s = timeout.count() > 0 ? timeout.count() / 1000.0 : config_.timeout_s;
+  return enqueue_on(executor_, type, std::move(outputs), [this, timeout_s, fn = std::move(fn)] {
+    shm_->set_timeout(timeout_s);
+    fn(*shm_);
+  });
+}
+
+void RingzeroBackend::shutdown() {
+  stop_executors();
+  cpu_fallback_->shutdown();
+  if (cuda_fallback_) cuda_fallback_->shutdown();
+}
+
+// ---- always handed on: the device of the tensors picks gloo or NCCL --------------------------------
+
+namespace {
+const at::Tensor& first(const std::vector<at::Tensor>& ts, const char* op) {
+  TORCH_CHECK_VALUE(!ts.empty(), "ringzero ", op, ": got an empty tensor list");
+  return ts[0];
+}
+const at::Tensor& first(const std::vector<std::vector<at::Tensor>>& ts, const char* op) {
+  TORCH_CHECK_VALUE(!ts.empty(), "ringzero ", op, ": got an empty tensor list");
+  return first(ts[0], op);
+}
+}  // namespace
+
+c10::intrusive_ptr<c10d::Work> RingzeroBackend::allreduce_sparse(std::vector<at::Tensor>& tensors,
+                                                                 const c10d::AllreduceOptions& opts) {
+  return route(first(tensors, "allreduce_sparse").device(), "allreduce_sparse", false)->allreduce_sparse(tensors, opts);
+}
+
+c10::intrusive_ptr<c10d::Work> RingzeroBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                                    std::vector<at::Tensor>& inputs,
+                                                                    const c10d::AllgatherOptions& opts) {
+  return route(first(inputs, "allgather_coalesced").device(), "allgather_coalesced", false)
+      ->allgather_coalesced(outputs, inputs, opts);
+}
+
+c10::intrusive_ptr<c10d::Work> RingzeroBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                       std::vector<at::Tensor>& inputs,
+                                                       const c10d::GatherOptions& opts) {
+  return route(first(inputs, "gather").device(), "gather", false)->gather(outputs, inputs, opts);
+}
+
+c10::intrusive_ptr<c10d::Work> RingzeroBackend::scatter(std::vector<at::Tensor>& outputs,
+                                                        std::vector<std::vector<at::Tensor>>& inputs,
+                                                        const c10d::ScatterOptions& opts) {
+  return route(first(outputs, "scatter").device(), "scatter", false)->scatter(outputs, inputs, opts);
+}
+
+c10::intrusive_ptr<c10d::Work> RingzeroBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                              std::vector<int64_t>& output_splits,
+                                                              std::vector<int64_t>& input_splits,
+                                                              const c10d::AllToAllOptions& opts) {
+  return route(output.device(), "alltoall_base", false)->alltoall_base(output, input, output_splits, input_splits, opts);
+}
+
+c10::intrusive_ptr<c10d::Work> RingzeroBackend::alltoall(std::vector<at::Tensor>& outputs,
+                                                         std::vector<at::Tensor>& inputs,
+                                                         const c10d::AllToAllOptions& opts) {
+  return route(first(outputs, "alltoall").device(), "alltoall", false)->alltoall(outputs, inputs, opts);
+}
+
+c10::intrusive_ptr<c10d::Work> RingzeroBackend::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  return route(first(tensors, "recvAnysource").device(), "recvAnysource", false)->recvAnysource(tensors, tag);
+}
+
+void RingzeroBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {
+  // gloo's monitored barrier names the ranks that did not arrive; that is what the caller wants.
+  count(fallback_calls_, "monitoredBarrier");
+  cpu_fallback_->monitoredBarrier(opts, wait_all_ranks);
+}
+
+}  // namespace ringzero

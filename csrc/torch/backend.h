@@ -1,0 +1,129 @@
+// ringzero as a c10d Backend (layer 4): `torch.distributed.init_process_group("ringzero")` lands here.
+//
+// CPU tensors of a group whose ranks share one host run on the shared-memory collectives of
+// csrc/core/shm_comm.h, on one worker thread in call order, and send/recv on the point-to-point
+// channels of csrc/core/shm_p2p.h, on one thread per peer and direction (so that a send waiting
+// for its receiver never holds up a collective or a message to another peer). Everything else is handed to an inner
+// backend built by the Python creator from the same store: gloo for CPU tensors (ops we do not
+// implement, dtypes or reduce ops our kernels lack, groups spanning hosts), NCCL for CUDA tensors
+// (until the CUDA collectives land). Each op that falls back says so once at c10d debug level, and
+// stats() counts both routes so tests can tell which one ran.
+#pragma once
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "core/shm_comm.h"
+#include "core/shm_p2p.h"
+#include "backend_work.h"
+
+namespace ringzero {
+
+struct BackendConfig {
+  std::string host_id;     // ranks with equal ids share memory (RINGZERO_HOST_ID overrides it)
+  double timeout_s = 300;  // every shared-memory wait and store wait ends after this
+  size_t slot_bytes = 1 << 20;
+  int all_reduce_algo = 0;  // AllReduceAlgo; 0 = choose by size
+};
+
+class RingzeroBackend : public c10d::Backend {
+ public:
+  // Collective over the group: every rank constructs it with the same store (already prefixed for
+  // this group). `cpu_fallback` is required; `cuda_fallback` may be null (no CUDA here).
+  RingzeroBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, BackendConfig config,
+                  c10::intrusive_ptr<c10d::Backend> cpu_fallback, c10::intrusive_ptr<c10d::Backend> cuda_fallback);
+  ~RingzeroBackend() override;
+
+  const std::string getBackendName() const override { return "ringzero"; }
+  bool uses_shared_memory() const { return shm_ != nullptr; }
+  // {"native": {op: calls}, "fallback": {op: calls}}, as plain maps.
+  std::map<std::string, std::map<std::string, int64_t>> stats() const;
+
+  // Ours on the shared-memory path.
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                     const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+  // Tag 0 (torch's default) on our channels, in order per peer; other tags go to the inner backend.
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
+
+  // Handed to the inner backend.
+  c10::intrusive_ptr<c10d::Work> allreduce_sparse(std::vector<at::Tensor>& tensors,
+                                                  const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                     std::vector<at::Tensor>& inputs,
+                                                     const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_splits,
+                                               std::vector<int64_t>& input_splits,
+                                               const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
+  void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override;
+
+  void setSequenceNumberForGroup() override {}
+  uint64_t getSequenceNumberForGroup() override { return seq_; }
+  void shutdown() override;
+
+ private:
+  // Which backend runs an op on tensors of `device`: null for ours, else the inner one. `native_ok`
+  // is false when our kernels cannot take these arguments (dtype, reduce op, layout, uneven sizes).
+  c10d::Backend* route(const at::Device& device, const char* op, bool native_ok);
+  void count(std::map<std::string, int64_t>& table, const char* op);
+  // Queues fn(shm) on the collectives' worker thread; the returned Work completes with `outputs`.
+  c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, std::vector<at::Tensor> outputs,
+                                         std::chrono::milliseconds timeout, std::function<void(ShmComm&)> fn);
+  // Queues fn on `executor`; the returned Work completes with `outputs` (or fn's exception).
+  c10::intrusive_ptr<c10d::Work> enqueue_on(SerialExecutor& executor, c10d::OpType type,
+                                            std::vector<at::Tensor> outputs, std::function<void()> fn);
+  // The thread that carries messages to (sends) or from (recvs) `peer`, started on first use.
+  SerialExecutor& peer_executor(bool sending, int peer);
+  void stop_executors();
+  void rendezvous(const c10::intrusive_ptr<c10d::Store>& store);
+  size_t p2p_slot_bytes() const;
+
+  BackendConfig config_;
+  c10::intrusive_ptr<c10d::Backend> cpu_fallback_;
+  c10::intrusive_ptr<c10d::Backend> cuda_fallback_;
+  std::unique_ptr<ShmComm> shm_;  // null when the group spans hosts
+  std::unique_ptr<ShmP2P> p2p_;   // likewise
+  uint64_t seq_ = 0;              // collectives queued on the shared-memory path
+  mutable std::mutex stats_mu_;
+  std::map<std::string, int64_t> native_calls_;
+  std::map<std::string, int64_t> fallback_calls_;
+  // Last: destroyed (drained) before the communicators they use.
+  SerialExecutor executor_;
+  std::mutex peers_mu_;
+  std::map<std::pair<bool, int>, std::unique_ptr<SerialExecutor>> peer_executors_;  // (sending, peer)
+};
+
+}  // namespace ringzero

@@ -1,0 +1,72 @@
+// Python binding of the c10d backend: ringzero._C.RingzeroBackend, a subclass of torch's
+// torch._C._distributed_c10d.Backend, built by the creator that python/ringzero/comm/backend.py
+// registers with torch.distributed.Backend.register_backend.
+#include <pybind11/stl.h>
+#include <torch/extension.h>
+
+#include "backend.h"
+
+namespace py = pybind11;
+
+namespace {
+
+// Holder that lets go of the GIL while dropping the last reference: destruction drains the worker
+// thread, whose future callbacks (DDP comm hooks written in Python) may need the GIL. torch holds its
+// own c10d objects the same way.
+template <typename T>
+class NoGilPtr {
+ public:
+  NoGilPtr() = default;
+  explicit NoGilPtr(T* p) : p_(c10::intrusive_ptr<T>::unsafe_reclaim_from_nonowning(p)) {}
+  explicit NoGilPtr(c10::intrusive_ptr<T> p) : p_(std::move(p)) {}
+  NoGilPtr(const NoGilPtr&) = default;
+  NoGilPtr(NoGilPtr&&) noexcept = default;
+  NoGilPtr& operator=(const NoGilPtr&) = default;
+  NoGilPtr& operator=(NoGilPtr&&) noexcept = default;
+  ~NoGilPtr() {
+    if (p_ && PyGILState_Check()) {
+      py::gil_scoped_release nogil;
+      p_.reset();
+    }
+  }
+  T* get() const { return p_.get(); }
+  T& operator*() const { return *p_; }
+  T* operator->() const { return p_.get(); }
+
+ private:
+  c10::intrusive_ptr<T> p_;
+};
+
+// torch's objects arrive as raw pointers (their pybind holder is torch's private type); taking our
+// own reference keeps them alive as long as the backend.
+template <typename T>
+c10::intrusive_ptr<T> share(T* p) {
+  return p ? c10::intrusive_ptr<T>::unsafe_reclaim_from_nonowning(p) : c10::intrusive_ptr<T>();
+}
+
+}  // namespace
+
+PYBIND11_DECLARE_HOLDER_TYPE(T, NoGilPtr<T>, true)
+
+void bind_backend(py::module_& m) {
+  using ringzero::RingzeroBackend;
+  py::module_::import("torch._C._distributed_c10d");  // registers c10d.Backend, our base
+  py::class_<RingzeroBackend, c10d::Backend, NoGilPtr<RingzeroBackend>>(m, "RingzeroBackend",
+                                                                         "ringzero's c10d backend (see backend.h)")
+      .def(py::init([](c10d::Store* store, int rank, int size, std::string host_id, double timeout_s,
+                       size_t slot_bytes, int all_reduce_algo, c10d::Backend* cpu_fallback,
+                       c10d::Backend* cuda_fallback) {
+             TORCH_CHECK_VALUE(store, "store must not be None");
+             ringzero::BackendConfig cfg{std::move(host_id), timeout_s, slot_bytes, all_reduce_algo};
+             return NoGilPtr<RingzeroBackend>(c10::make_intrusive<RingzeroBackend>(
+                 share(store), rank, size, std::move(cfg), share(cpu_fallback), share(cuda_fallback)));
+           }),
+           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("host_id"), py::arg("timeout_s"),
+           py::arg("slot_bytes"), py::arg("all_reduce_algo"), py::arg("cpu_fallback"),
+           py::arg("cuda_fallback") = nullptr, py::call_guard<py::gil_scoped_release>(),
+           "Collective over the group: rendezvous of the shared-memory segment through `store`.")
+      .def_property_readonly("uses_shared_memory", &RingzeroBackend::uses_shared_memory,
+                             "False when the group spans hosts (every op then goes to the inner backend)")
+      .def("stats", &RingzeroBackend::stats,
+           "{'native': {op: calls}, 'fallback': {op: calls}}: which ops ran on our kernels");
+}

@@ -1,0 +1,354 @@
+// The collectives RingzeroBackend runs itself, on the shared-memory communicator (csrc/core). Each op
+// validates its arguments on the caller's thread (a clear ValueError/TypeError naming the argument),
+// decides whether our kernels can take it, and queues the work; non-contiguous tensors are staged
+// through a contiguous copy on the worker thread, so that ops queued earlier have written them first.
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <numeric>
+#include <optional>
+
+#include "backend.h"
+#include "dtype_map.h"
+
+namespace ringzero {
+namespace {
+
+// Data movement does not look at values: a dtype our kernels lack moves as bytes.
+struct Elements {
+  DType dtype;
+  size_t per_element;  // core elements per tensor element
+};
+Elements movement(const at::Tensor& t) {
+  if (auto d = core_dtype(t.scalar_type())) return {*d, 1};
+  return {DType::U8, static_cast<size_t>(t.element_size())};
+}
+
+bool dense(const at::Tensor& t) { return t.layout() == at::kStrided; }
+
+const at::Tensor& single(const std::vector<at::Tensor>& ts, const char* op, const char* arg = "tensors") {
+  TORCH_CHECK_VALUE(ts.size() == 1, "ringzero ", op, ": ", arg, " must hold exactly one tensor per rank, got ",
+                    ts.size(), "; run one process per device");
+  return ts[0];
+}
+
+void same_kind(const at::Tensor& a, const at::Tensor& b, const char* op, const char* what) {
+  TORCH_CHECK_TYPE(a.scalar_type() == b.scalar_type(), "ringzero ", op, ": ", what, " has dtype ", b.scalar_type(),
+                   " but the input has ", a.scalar_type(), "; use one dtype");
+  TORCH_CHECK_VALUE(a.device() == b.device(), "ringzero ", op, ": ", what, " is on ", b.device(),
+                    " but the input is on ", a.device(), "; put them on one device");
+}
+
+// How a reduction runs on our kernels: the core op and dtype, and PREMUL_SUM's factor (applied to a
+// staged copy of the input, then summed). native is false where our kernels cannot take it (bitwise
+// ops, dtypes outside the eight we reduce, sparse tensors); the inner backend then runs it.
+struct Reduction {
+  bool native = false;
+  DType dtype = DType::F32;
+  ReduceOp op = ReduceOp::Sum;
+  bool premul = false;
+  double factor = 1.0;
+  at::Tensor factor_tensor;
+
+  // A contiguous buffer holding what this rank contributes (`t` itself when it already is one).
+  at::Tensor stage(const at::Tensor& t) const {
+    if (!premul) return t.contiguous();
+    return (factor_tensor.defined() ? t.mul(factor_tensor.to(t.device())) : t.mul(factor)).contiguous();
+  }
+};
+
+Reduction reduction(const c10d::ReduceOp& rop, const std::vector<at::Tensor>& ts, const char* op) {
+  Reduction r;
+  const at::Tensor& t0 = ts.at(0);
+  for (const auto& t : ts) same_kind(t0, t, op, "a tensor");
+  const auto dt = core_dtype(t0.scalar_type());
+  bool dense_all = true;
+  for (const auto& t : ts) dense_all = dense_all && dense(t);
+  switch (rop.op_) {
+    case c10d::ReduceOp::SUM: r.op = ReduceOp::Sum; break;
+    case c10d::ReduceOp::AVG: r.op = ReduceOp::Avg; break;
+    case c10d::ReduceOp::PRODUCT: r.op = ReduceOp::Prod; break;
+    case c10d::ReduceOp::MIN: r.op = ReduceOp::Min; break;
+    case c10d::ReduceOp::MAX: r.op = ReduceOp::Max; break;
+    case c10d::ReduceOp::PREMUL_SUM: {
+      TORCH_CHECK_VALUE(at::isFloatingType(t0.scalar_type()), "ringzero ", op,
+                        ": PREMUL_SUM needs a floating-point tensor, got ", t0.scalar_type(), "; use SUM");
+      const auto* s = dynamic_cast<const c10d::PreMulSumSupplement*>(rop.supplement_.get());
+      TORCH_CHECK_VALUE(s, "ringzero ", op, ": PREMUL_SUM without its factor; build the op with "
+                        "torch.distributed._make_nccl_premul_sum(factor)");
+      r.op = ReduceOp::Sum;
+      r.premul = true;
+      r.factor = s->double_factor;
+      r.factor_tensor = s->tensor_factor;
+      break;
+    }
+    case c10d::ReduceOp::BAND:
+    case c10d::ReduceOp::BOR:
+    case c10d::ReduceOp::BXOR:
+      return r;  // bitwise: the inner backend's
+    default:
+      TORCH_CHECK_VALUE(false, "ringzero ", op, ": unknown reduce op ", static_cast<int>(rop.op_),
+                        "; use SUM, AVG, MIN, MAX, PRODUCT or PREMUL_SUM");
+  }
+  if (dt && dense_all) {
+    r.native = true;
+    r.dtype = *dt;
+  }
+  return r;
+}
+
+// Copies `buf` into `user` when the collective had to work on a stand-in.
+void write_back(const at::Tensor& user, const at::Tensor& buf) {
+  if (!buf.is_same(user)) user.copy_(buf.view(user.sizes()));
+}
+
+// A contiguous output for the kernels to write (the tensor itself when it already is one).
+at::Tensor writable(const at::Tensor& t) { return t.is_contiguous() ? t : at::empty(t.sizes(), t.options()); }
+
+void all_gather_one(ShmComm& c, const at::Tensor& input, const at::Tensor& output) {
+  at::Tensor in = input.contiguous();
+  at::Tensor out = writable(output);
+  const Elements e = movement(input);
+  c.all_gather(in.data_ptr(), out.data_ptr(), in.numel() * e.per_element, e.dtype);
+  write_back(output, out);
+}
+
+void reduce_scatter_one(ShmComm& c, const Reduction& red, const at::Tensor& input, const at::Tensor& output) {
+  at::Tensor in = red.stage(input);
+  at::Tensor out = writable(output);
+  c.reduce_scatter(in.data_ptr(), out.data_ptr(), out.numel(), red.dtype, red.op);
+  write_back(output, out);
+}
+
+at::Tensor flat_cat(const std::vector<at::Tensor>& ts) {
+  std::vector<at::Tensor> flat;
+  for (const auto& t : ts) flat.push_back(t.reshape(-1));
+  return at::cat(flat);
+}
+
+void split_into(const at::Tensor& flat, const std::vector<at::Tensor>& ts) {
+  int64_t off = 0;
+  for (const auto& t : ts) {
+    t.copy_(flat.narrow(0, off, t.numel()).view(t.sizes()));
+    off += t.numel();
+  }
+}
+
+}  // namespace
+
+c10::intrusive_ptr<c10d::Work> RingzeroBackend::allreduce(std::vector<at::Tensor>& tensors,
+                                                          const c10d::AllreduceOptions& opts) {
+  const at::Tensor& t = single(tensors, "allreduce");
+  const Reduction red = reduction(opts.reduceOp, tensors, "allreduce");
+  if (auto* inner = route(t.device(), "allreduce", red.native)) return inner->allreduce(tensors, opts);
+  const auto algo = static_cast<AllReduceAlgo>(config_.all_reduce_algo);
+  return enqueue(c10d::OpType::ALLREDUCE, {t}, opts.timeout, [t, red, algo](ShmComm& c) {
+    at::Tensor buf = red.stage(t);
+    c.all_reduce(buf.data_ptr(), buf.data_ptr(), buf.numel(), red.dtype, red.op, algo);
+    write_back(t, buf);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> RingzeroBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                                    const c10d::AllreduceCoalescedOptions& opts) {
+  TORCH_CHECK_VALUE(!tensors.empty(), "ringzero allreduce_coalesced: tensors must not be empty");
+  const Reduction red = reduction(opts.reduceOp, tensors, "allreduce_coalesced");
+  if (auto* inner = route(tensors[0].device(), "allreduce_coalesced", red.native))
+    return inner->allreduce_coalesced(tensors, opts);
+  const auto algo = static_cast<AllReduceAlgo>(config_.all_reduce_algo);
+  // One collective over the concatenation: one synchronisation for many small tensors.
+  return enqueue(c10d::OpType::ALLREDUCE_COALESCED, tensors, opts.timeout, [tensors, red, algo](ShmComm& c) {
+    std::vector<at::Tensor> staged;
+    for (const auto& t : tensors) staged.push_back(red.premul ? red.stage(t) : t);
+    at::Tensor flat = flat_cat(staged);
+    c.all_reduce(flat.data_ptr(), flat.data_ptr(), flat.numel(), red.dtype, red.op, algo);
+    split_into(flat, tensors);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> RingzeroBackend::reduce(std::vector<at::Tensor>& tensors,
+                                                       const c10d::ReduceOptions& opts) {
+  const at::Tensor& t = single(tensors, "reduce");
+  TORCH_CHECK_VALUE(opts.rootRank >= 0 && opts.rootRank < getSize(), "ringzero reduce: root rank ", opts.rootRank,
+                    " is outside the group of size ", getSize());
+  TORCH_CHECK_VALUE(opts.rootTensor == 0, "ringzero reduce: rootTensor must be 0 (one tensor per rank)");
+  const Reduction red = reduction(opts.reduceOp, tensors, "reduce");
+  if (auto* inner = route(t.device(), "reduce", red.native)) return inner->reduce(tensors, opts);
+  const int root = static_cast<int>(opts.rootRank);
+  return enqueue(c10d::OpType::REDUCE, {t}, opts.timeout, [t, red, root](ShmComm& c) {
+    at::Tensor buf = red.stage(t);
+    c.reduce(buf.data_ptr(), buf.data_ptr(), buf.numel(), red.dtype, red.op, root);
+    if (c.rank() == root) write_back(t, buf);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> RingzeroBackend::broadcast(std::vector<at::Tensor>& tensors,
+                                                          const c10d::BroadcastOptions& opts) {
+  const at::Tensor& t = single(tensors, "broadcast");
+  TORCH_CHECK_VALUE(opts.rootRank >= 0 && opts.rootRank < getSize(), "ringzero broadcast: root rank ",
+                    opts.rootRank, " is outside the group of size ", getSize());
+  TORCH_CHECK_VALUE(opts.rootTensor == 0, "ringzero broadcast: rootTensor must be 0 (one tensor per rank)");
+  if (auto* inner = route(t.device(), "broadcast", dense(t))) return inner->broadcast(tensors, opts);
+  const int root = static_cast<int>(opts.rootRank);
+  return enqueue(c10d::OpType::BROADCAST, {t}, opts.timeout, [t, root](ShmComm& c) {
+    at::Tensor buf = t.contiguous();
+    const Elements e = movement(t);
+    c.broadcast(buf.data_ptr(), buf.numel() * e.per_element, e.dtype, root);
+    write_back(t, buf);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> RingzeroBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
+                                                                const c10d::AllgatherOptions& opts) {
+  same_kind(input, output, "all_gather_into_tensor", "output");
+  TORCH_CHECK_VALUE(output.numel() == input.numel() * getSize(), "ringzero all_gather_into_tensor: output has ",
+                    output.numel(), " elements but must have world_size * input.numel() = ", getSize(), " * ",
+                    input.numel());
+  if (auto* inner = route(input.device(), "all_gather_into_tensor", dense(input) && dense(output)))
+    return inner->_allgather_base(output, input, opts);
+  return enqueue(c10d::OpType::_ALLGATHER_BASE, {output}, opts.timeout,
+                 [output, input](ShmComm& c) { all_gather_one(c, input, output); });
+}
+
+c10::intrusive_ptr<c10d::Work> RingzeroBackend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                                std::vector<at::Tensor>& inputs,
+                                                                                const c10d::AllgatherOptions& opts) {
+  TORCH_CHECK_VALUE(!inputs.empty() && outputs.size() == inputs.size(), "ringzero allgather_into_tensor_coalesced: "
+                    "needs as many outputs as inputs (got ", outputs.size(), " and ", inputs.size(), ")");
+  bool ok = true;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    same_kind(inputs[0], inputs[i], "allgather_into_tensor_coalesced", "an input");
+    same_kind(inputs[i], outputs[i], "allgather_into_tensor_coalesced", "an output");
+    TORCH_CHECK_VALUE(outputs[i].numel() == inputs[i].numel() * getSize(), "ringzero allgather_into_tensor_coalesced: "
+                      "outputs[", i, "] must have world_size * inputs[", i, "].numel() elements");
+    ok = ok && dense(inputs[i]) && dense(outputs[i]);
+  }
+  if (auto* inner = route(inputs[0].device(), "allgather_into_tensor_coalesced", ok))
+    return inner->allgather_into_tensor_coalesced(outputs, inputs, opts);
+  return enqueue(c10d::OpType::COALESCED, outputs, opts.timeout, [outputs, inputs](ShmComm& c) {
+    for (size_t i = 0; i < inputs.size(); ++i) all_gather_one(c, inputs[i], outputs[i]);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> RingzeroBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                          std::vector<at::Tensor>& inputs,
+                                                          const c10d::AllgatherOptions& opts) {
+  const at::Tensor& input = single(inputs, "all_gather", "input_tensors");
+  TORCH_CHECK_VALUE(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == getSize(),
+                    "ringzero all_gather: tensor_list must hold world_size = ", getSize(), " tensors");
+  std::vector<size_t> counts;
+  bool ok = dense(input);
+  for (const auto& o : outputs[0]) {
+    same_kind(input, o, "all_gather", "a tensor of tensor_list");
+    counts.push_back(static_cast<size_t>(o.numel()));
+    ok = ok && dense(o);
+  }
+  TORCH_CHECK_VALUE(counts[getRank()] == static_cast<size_t>(input.numel()), "ringzero all_gather: tensor_list[",
+                    getRank(), "] has ", counts[getRank()], " elements but this rank's input has ", input.numel());
+  if (auto* inner = route(input.device(), "all_gather", ok)) return inner->allgather(outputs, inputs, opts);
+  const std::vector<at::Tensor> outs = outputs[0];
+  return enqueue(c10d::OpType::ALLGATHER, outs, opts.timeout, [outs, input, counts](ShmComm& c) {
+    const Elements e = movement(input);
+    at::Tensor in = input.contiguous();
+    const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
+    at::Tensor flat = at::empty({static_cast<int64_t>(total)}, input.options());
+    const bool even = std::all_of(counts.begin(), counts.end(), [&](size_t n) { return n == counts[0]; });
+    if (even) {
+      c.all_gather(in.data_ptr(), flat.data_ptr(), in.numel() * e.per_element, e.dtype);
+    } else {  // uneven sizes are allowed: the sizes of tensor_list say who sends what
+      std::vector<size_t> scaled;
+      for (size_t n : counts) scaled.push_back(n * e.per_element);
+      c.all_gather_v(in.data_ptr(), flat.data_ptr(), scaled, e.dtype);
+    }
+    split_into(flat, outs);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> RingzeroBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                                     const c10d::ReduceScatterOptions& opts) {
+  same_kind(input, output, "reduce_scatter_tensor", "output");
+  TORCH_CHECK_VALUE(input.numel() == output.numel() * getSize(), "ringzero reduce_scatter_tensor: input has ",
+                    input.numel(), " elements but must have world_size * output.numel() = ", getSize(), " * ",
+                    output.numel());
+  const Reduction red = reduction(opts.reduceOp, {input}, "reduce_scatter_tensor");
+  if (auto* inner = route(input.device(), "reduce_scatter_tensor", red.native && dense(output)))
+    return inner->_reduce_scatter_base(output, input, opts);
+  return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, {output}, opts.timeout,
+                 [output, input, red](ShmComm& c) { reduce_scatter_one(c, red, input, output); });
+}
+
+c10::intrusive_ptr<c10d::Work> RingzeroBackend::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                                std::vector<at::Tensor>& inputs,
+                                                                                const c10d::ReduceScatterOptions& opts) {
+  TORCH_CHECK_VALUE(!inputs.empty() && outputs.size() == inputs.size(), "ringzero reduce_scatter_tensor_coalesced: "
+                    "needs as many outputs as inputs (got ", outputs.size(), " and ", inputs.size(), ")");
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    same_kind(inputs[i], outputs[i], "reduce_scatter_tensor_coalesced", "an output");
+    TORCH_CHECK_VALUE(inputs[i].numel() == outputs[i].numel() * getSize(), "ringzero reduce_scatter_tensor_coalesced: "
+                      "inputs[", i, "] must have world_size * outputs[", i, "].numel() elements");
+  }
+  const Reduction red = reduction(opts.reduceOp, inputs, "reduce_scatter_tensor_coalesced");
+  bool ok = red.native;
+  for (const auto& o : outputs) ok = ok && dense(o);
+  if (auto* inner = route(inputs[0].device(), "reduce_scatter_tensor_coalesced", ok))
+    return inner->reduce_scatter_tensor_coalesced(outputs, inputs, opts);
+  return enqueue(c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED, outputs, opts.timeout,
+                 [outputs, inputs, red](ShmComm& c) {
+                   for (size_t i = 0; i < inputs.size(); ++i) reduce_scatter_one(c, red, inputs[i], outputs[i]);
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> RingzeroBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                               std::vector<std::vector<at::Tensor>>& inputs,
+                                                               const c10d::ReduceScatterOptions& opts) {
+  const at::Tensor& output = single(outputs, "reduce_scatter", "output");
+  TORCH_CHECK_VALUE(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == getSize(),
+                    "ringzero reduce_scatter: input_list must hold world_size = ", getSize(), " tensors");
+  const std::vector<at::Tensor> ins = inputs[0];
+  for (const auto& i : ins) same_kind(output, i, "reduce_scatter", "a tensor of input_list");
+  const Reduction red = reduction(opts.reduceOp, ins, "reduce_scatter");
+  bool even = dense(output);
+  for (const auto& i : ins) even = even && i.numel() == output.numel();
+  // Uneven blocks are the inner backend's (our reduce-scatter takes equal blocks).
+  if (auto* inner = route(output.device(), "reduce_scatter", red.native && even))
+    return inner->reduce_scatter(outputs, inputs, opts);
+  return enqueue(c10d::OpType::REDUCE_SCATTER, {output}, opts.timeout, [output, ins, red](ShmComm& c) {
+    std::vector<at::Tensor> staged;
+    for (const auto& i : ins) staged.push_back(red.premul ? red.stage(i) : i);
+    Reduction staged_red = red;
+    staged_red.premul = false;  // the blocks are premultiplied already
+    reduce_scatter_one(c, staged_red, flat_cat(staged), output);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> RingzeroBackend::send(std::vector<at::Tensor>& tensors, int dst, int tag) {
+  const at::Tensor& t = single(tensors, "send");
+  TORCH_CHECK_VALUE(dst >= 0 && dst < getSize() && dst != getRank(), "ringzero send: dst ", dst,
+                    " must be another rank of the group (size ", getSize(), ")");
+  if (auto* inner = route(t.device(), "send", p2p_ && tag == 0 && dense(t))) return inner->send(tensors, dst, tag);
+  const double timeout_s = config_.timeout_s;
+  return enqueue_on(peer_executor(true, dst), c10d::OpType::SEND, {t}, [this, t, dst, timeout_s] {
+    at::Tensor buf = t.contiguous();
+    p2p_->send(buf.data_ptr(), buf.numel() * buf.element_size(), dst, timeout_s);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> RingzeroBackend::recv(std::vector<at::Tensor>& tensors, int src, int tag) {
+  const at::Tensor& t = single(tensors, "recv");
+  TORCH_CHECK_VALUE(src >= 0 && src < getSize() && src != getRank(), "ringzero recv: src ", src,
+                    " must be another rank of the group (size ", getSize(), ")");
+  if (auto* inner = route(t.device(), "recv", p2p_ && tag == 0 && dense(t))) return inner->recv(tensors, src, tag);
+  const double timeout_s = config_.timeout_s;
+  return enqueue_on(peer_executor(false, src), c10d::OpType::RECV, {t}, [this, t, src, timeout_s] {
+    at::Tensor buf = writable(t);
+    p2p_->recv(buf.data_ptr(), buf.numel() * buf.element_size(), src, timeout_s);
+    write_back(t, buf);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> RingzeroBackend::barrier(const c10d::BarrierOptions& opts) {
+  if (auto* inner = route(at::Device(at::kCPU), "barrier", true)) return inner->barrier(opts);
+  return enqueue(c10d::OpType::BARRIER, {}, opts.timeout, [](ShmComm& c) { c.barrier(); });
+}
+
+}  // namespace ringzero

@@ -1,0 +1,111 @@
+// The asynchronous half of the c10d backend (layer 4): a Work whose completion also completes a
+// torch Future (so DDP communication hooks can chain on it), and the one worker thread per backend
+// that runs the shared-memory collectives in call order, as gloo's worker threads do.
+#pragma once
+#include <ATen/core/ivalue.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace ringzero {
+
+class RingzeroWork : public c10d::Work {
+ public:
+  // `outputs` are the tensors the collective writes; they are the future's value (a list of tensors,
+  // the same type gloo's and NCCL's futures carry) and keep the memory alive until completion.
+  RingzeroWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs, uint64_t seq)
+      : c10d::Work(rank, type),
+        outputs_(std::move(outputs)),
+        future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))),
+        seq_(seq) {}
+
+  // Called once, on the worker thread. The future completes first so that its callbacks have run
+  // (or are running) by the time wait() returns, as with ProcessGroupGloo.
+  void complete(std::exception_ptr error) {
+    if (error) {
+      future_->setError(error);
+    } else {
+      future_->markCompleted(c10::IValue(outputs_));
+    }
+    finish(error);
+  }
+
+  bool wait(std::chrono::milliseconds timeout) override {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (timeout == kNoTimeout) {
+      // Not unbounded: every shared-memory wait ends in a CommTimeout after the op's timeout.
+      cv_.wait(lock, [&] { return completed_; });
+    } else if (!cv_.wait_for(lock, timeout, [&] { return completed_; })) {
+      TORCH_CHECK(false, "ringzero: ", c10d::opTypeToString(retrieveOpType()), " (sequence number ", seq_,
+                  ") did not complete within the ", timeout.count(), " ms given to Work.wait()");
+    }
+    if (exception_) std::rethrow_exception(exception_);
+    return true;
+  }
+
+  std::vector<at::Tensor> result() override { return outputs_; }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  uint64_t getSequencenumber() const override { return seq_; }
+
+ private:
+  std::vector<at::Tensor> outputs_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  uint64_t seq_;
+};
+
+// Runs submitted tasks one at a time, in submission order, on one lazily started thread. Every rank
+// submits the same collectives in the same order, so the shared-memory sequence stays matched.
+class SerialExecutor {
+ public:
+  SerialExecutor() = default;
+  SerialExecutor(const SerialExecutor&) = delete;
+  SerialExecutor& operator=(const SerialExecutor&) = delete;
+  ~SerialExecutor() { stop(); }
+
+  void submit(std::function<void()> task) {
+    std::lock_guard<std::mutex> lock(mu_);
+    TORCH_CHECK(!stopped_, "ringzero backend was shut down; create a new process group");
+    if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+    queue_.push_back(std::move(task));
+    cv_.notify_one();
+  }
+
+  // Runs what is queued, then joins the thread. Later submits fail.
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopped_ = true;
+      cv_.notify_one();
+    }
+    if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
+  }
+
+ private:
+  void loop() {
+    for (;;) {
+      std::function<void()> task;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stopped_ || !queue_.empty(); });
+        if (queue_.empty()) return;  // stopped and drained
+        task = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      task();  // tasks catch their own errors and hand them to their Work
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+  bool stopped_ = false;
+  std::thread thread_;
+};
+
+}  // namespace ringzero

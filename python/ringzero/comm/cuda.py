@@ -1,0 +1,231 @@
+"""The CUDA path of a Communicator: CUDA tensors go through ringzero's own kernels.
+
+  - ranks on one host: peer-memory collectives over CUDA IPC (csrc/cuda: one-shot, two-shot and ring
+    all-reduce; ring reduce-scatter and all-gather), each rank's staging buffer and flags exchanged as
+    IPC handles through the process group;
+  - several hosts: the ring driver over NCCL send/recv with our reduction kernel between steps
+    (csrc/nccl), hierarchical when every host has the same number of ranks (IPC reduce-scatter in the
+    host, NCCL ring across hosts, IPC all-gather), flat otherwise.
+Every op of a communicator runs on one side stream that waits for the caller's current stream; a
+blocking call makes the current stream wait for it (no host synchronisation, so it can be captured in
+a CUDA graph), and async_op=True returns a CudaWork whose wait() does that later, as torch's NCCL
+backend does. Broadcast, reduce and all_gather_v on CUDA tensors take the CPU path through a host copy.
+
+Verified only by compilation so far: no GPU was available where this was written (see README).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+from .. import _C
+from .communicator import _env_int
+from .errors import CommError
+from .types import ReduceOp
+
+CUDA_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64)
+ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER = 0, 1, 2  # csrc/cuda/peer_comm.h Coll
+
+
+def peer_config(timeout_s: float | None = None) -> dict:
+    """Keyword arguments of _C.CudaPeerComm/_C.CudaSimWorld from the RINGZERO_CUDA_* variables."""
+    if timeout_s is None:
+        timeout_s = float(os.environ.get("RINGZERO_TIMEOUT_S", "300"))
+    return dict(
+        staging_bytes=_env_int("RINGZERO_CUDA_BUFFER_BYTES", 8 << 20),
+        timeout_s=timeout_s,
+        ring_channels=_env_int("RINGZERO_CUDA_RING_CHANNELS", 16),
+        max_blocks=_env_int("RINGZERO_CUDA_MAX_BLOCKS", 32),
+        one_shot_max_bytes=_env_int("RINGZERO_CUDA_ONESHOT_MAX_BYTES", 256 << 10),
+        two_shot_max_bytes=_env_int("RINGZERO_CUDA_TWOSHOT_MAX_BYTES", 16 << 20),
+    )
+
+
+def check_available(op: str, arg: str):
+    if not getattr(_C, "has_cuda", False):
+        raise ValueError(
+            f"ringzero.{op}: {arg} is a CUDA tensor, but this build of ringzero has no CUDA path (it was built "
+            "against a CPU torch or without nvcc); rebuild with a CUDA torch and nvcc, or pass a CPU tensor"
+        )
+
+
+def simulated_world(nranks: int, **overrides):
+    """N simulated ranks on the current GPU (DESIGN.md "Proving GPU code on one GPU"): returns a
+    _C.CudaSimWorld whose run(coll, inputs, outputs, op, algo) takes one tensor per rank."""
+    cfg = peer_config()
+    cfg.update(overrides)
+    return _C.CudaSimWorld(nranks, **cfg)
+
+
+class CudaWork:
+    """An async CUDA collective: wait() makes the caller's current stream wait for it (no host wait)."""
+
+    def __init__(self, event: torch.cuda.Event, device: torch.device, result=None):
+        self._event = event
+        self._device = device
+        self._result = result
+
+    def wait(self, timeout: float | None = None) -> bool:
+        torch.cuda.current_stream(self._device).wait_event(self._event)
+        return True
+
+    def is_completed(self) -> bool:
+        return self._event.query()
+
+    def is_success(self) -> bool:
+        return self._event.query()
+
+    def exception(self):
+        return None
+
+    def result(self):
+        self.wait()
+        return self._result
+
+    def get_future(self) -> torch.futures.Future:
+        """A future completed once the collective finished (this waits on the host)."""
+        self._event.synchronize()
+        fut = torch.futures.Future()
+        fut.set_result(self._result)
+        return fut
+
+
+class CudaPath:
+    """The CUDA transports of one Communicator, made on its first CUDA collective (every rank of the
+    group must make it at the same call, as with any collective)."""
+
+    def __init__(self, comm, device: torch.device):
+        self.comm = comm
+        self.device = device
+        self.stream = torch.cuda.Stream(device)  # the one stream all of this communicator's ops use
+        cfg = peer_config(comm.timeout_s)
+        self.peer = None
+        self.flat = None
+        self.cross = None
+        slice_bytes = comm.ring_slice_bytes
+        error = None
+        try:
+            with torch.cuda.device(device):
+                if comm.local_world > 1:
+                    self.peer = _C.CudaPeerComm(comm.local_rank, comm.local_world, **cfg)
+        except Exception as e:  # reported to every rank below
+            error = f"rank {comm.rank}: {e}"
+        handles = [None] * comm.world
+        dist.all_gather_object(handles, (self.peer.ipc_handle() if self.peer else None, error), group=comm.group)
+        errors = [e for _, e in handles if e]
+        if not errors and self.peer is not None:
+            try:
+                self.peer.open_peers([handles[r][0] for r in comm.local_ranks])
+            except Exception as e:
+                error = f"rank {comm.rank}: {e}"
+        if not comm.single_host:
+            error = error or self._setup_nccl(slice_bytes)
+        opened = [None] * comm.world
+        dist.all_gather_object(opened, error, group=comm.group)
+        errors += [e for e in opened if e]
+        if errors:
+            raise CommError("ringzero could not set up the CUDA path: " + "; ".join(sorted(set(errors))))
+
+    def _setup_nccl(self, slice_bytes: int):
+        """NCCL rings across hosts: the flat ring over the whole group, and when hierarchical one more
+        ring per local rank across hosts. Each ring's first member makes its unique id; the ids travel
+        through the group (all_gather_object). Returns an error string or None."""
+        comm = self.comm
+        if not getattr(_C, "has_nccl", False):
+            return f"rank {comm.rank}: this build has no NCCL (the nvidia-nccl-cu13 wheel was not found at build time)"
+        hosts = list(comm.hosts.values())
+        cross = [[h[i] for h in hosts] for i in range(comm.local_world)] if comm.hierarchical else []
+        try:
+            self.flat = self._nccl_ring(list(range(comm.world)), slice_bytes)
+            if cross:
+                self.cross = self._nccl_ring(next(m for m in cross if comm.rank in m), slice_bytes, cross)
+        except Exception as e:
+            return f"rank {comm.rank}: NCCL ring setup failed: {e}"
+        return None
+
+    def _nccl_ring(self, members: list[int], slice_bytes: int, all_rings: list[list[int]] | None = None):
+        comm = self.comm
+        leaders = {m[0] for m in (all_rings or [members])}
+        ids = [None] * comm.world
+        dist.all_gather_object(ids, _C.nccl_unique_id() if comm.rank in leaders else None, group=comm.group)
+        with torch.cuda.device(self.device):
+            return _C.NcclRing(ids[members[0]], members.index(comm.rank), len(members), slice_bytes)
+
+    def close(self):
+        """Frees the staging buffers once every rank is done: a peer's last ring step may still write
+        a flag into ours, so all ranks finish their GPU work and meet first (skipped if the group is
+        already gone; then only this rank's own work is awaited)."""
+        torch.cuda.synchronize(self.device)
+        try:
+            dist.barrier(group=self.comm.group)
+        except Exception:  # the process group was destroyed first: nothing left to meet with
+            pass
+        self.peer = self.flat = self.cross = None
+
+    def check_device(self, t: torch.Tensor, op: str):
+        if t.device != self.device:
+            raise ValueError(f"ringzero.{op}: tensor is on {t.device} but this group's CUDA collectives run on "
+                             f"{self.device} (the device of its first CUDA collective); use one device per rank")
+
+    # ---- streams -------------------------------------------------------------------------------------
+    def launch(self, fn, async_op: bool, tensors, result):
+        """Runs fn on self.stream after the current stream's work; see the module docstring."""
+        cur = torch.cuda.current_stream(self.device)
+        self.stream.wait_stream(cur)
+        with torch.cuda.stream(self.stream):
+            fn()
+        done = torch.cuda.Event()
+        done.record(self.stream)
+        if not async_op:
+            cur.wait_event(done)
+            return None
+        for t in tensors:  # the caching allocator must not hand their memory out before we finish
+            t.record_stream(self.stream)
+        return CudaWork(done, self.device, result)
+
+    # ---- collectives on flat contiguous tensors (already validated) ---------------------------------
+    def all_reduce(self, x: torch.Tensor, op: ReduceOp):
+        comm = self.comm
+        if comm.world == 1:
+            return
+        if comm.single_host:
+            self.peer.run(ALL_REDUCE, x, x, int(op), comm.algo)
+        elif not comm.hierarchical:
+            self.flat.all_reduce(x, int(op))
+        else:
+            base = ReduceOp.SUM if op == ReduceOp.AVG else op
+            L = comm.local_world
+            c = -(-x.numel() // L)
+            staged = x if x.numel() == L * c else torch.cat([x, x.new_zeros(L * c - x.numel())])
+            part = torch.empty(c, dtype=x.dtype, device=x.device)
+            self.peer.run(REDUCE_SCATTER, staged, part, int(base), 0)
+            self.cross.all_reduce(part, int(base))
+            gathered = x if staged is x else torch.empty_like(staged)
+            self.peer.run(ALL_GATHER, part, gathered, int(base), 0)
+            if gathered is not x:
+                x.copy_(gathered[: x.numel()])
+            if op == ReduceOp.AVG:
+                if x.dtype.is_floating_point:
+                    x.div_(comm.world)
+                else:
+                    x.copy_(torch.div(x, comm.world, rounding_mode="trunc"))
+
+    def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, op: ReduceOp):
+        comm = self.comm
+        if comm.world == 1:
+            out.copy_(inp)
+        elif comm.single_host:
+            self.peer.run(REDUCE_SCATTER, inp, out, int(op), 0)
+        else:  # the flat NCCL ring (also when hierarchical: the blocks are in global rank order)
+            self.flat.reduce_scatter(inp, torch.empty_like(inp), out, int(op))
+
+    def all_gather(self, out: torch.Tensor, inp: torch.Tensor):
+        comm = self.comm
+        if comm.world == 1:
+            out.copy_(inp)
+        elif comm.single_host:
+            self.peer.run(ALL_GATHER, inp, out, int(ReduceOp.SUM), 0)
+        else:
+            self.flat.all_gather(inp, out)

@@ -1,0 +1,20 @@
+"""ringzero estimate: memory per GPU and communication per step of a training configuration, with
+collective times on a cluster by an alpha-beta model, and the largest model that fits.
+
+    from ringzero.estimate import estimate, Plan, Precision
+    e = estimate(7_500_000_000, precision=Precision.for_dtype("bfloat16"), plan=Plan("zero2", world=64))
+    e.model_state_bytes / 1e9     # 16.6 GB, the ZeRO paper's figure
+
+Command line: `ringzero estimate --help` (also `python -m ringzero.estimate`).
+"""
+from .cli import main
+from .core import Collective, Estimate, StageMemory, as_model, estimate, largest_model
+from .model import ACTIVATION_FORMULA, ModelShape, split_layers
+from .network import PRESETS, Cluster, GroupShape, Link, collective_times, custom_cluster, parse_cluster
+from .plan import STRATEGIES, Plan, Precision
+
+__all__ = [
+    "estimate", "largest_model", "Estimate", "StageMemory", "Collective", "as_model", "ModelShape",
+    "ACTIVATION_FORMULA", "split_layers", "Plan", "Precision", "STRATEGIES", "Cluster", "Link", "GroupShape",
+    "PRESETS", "parse_cluster", "custom_cluster", "collective_times", "main",
+]

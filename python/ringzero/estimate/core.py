@@ -1,0 +1,291 @@
+"""estimate(): memory per GPU and communication per step of one training configuration, every term
+kept in a dataclass so that tests and the training command can compare it with what they measure.
+largest_model(): the biggest model of the same family that fits a GPU's memory.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from .model import ACTIVATION_FORMULA, ModelShape, split_layers
+from .network import Cluster, GroupShape, collective_times, group_shape, sent_per_rank
+from .plan import Plan, Precision
+
+
+@dataclasses.dataclass
+class StageMemory:
+    """Bytes one GPU of one pipeline stage holds (every data-parallel rank of a stage holds the same)."""
+
+    stage: int
+    layers: int | None
+    """Blocks on this stage (None when the model is given only as a parameter count)."""
+    params: int
+    """Parameters of this stage before sharding (elements)."""
+    param_bytes: int
+    grad_bytes: int
+    optimizer_bytes: int
+    """Master copy and optimizer states, after ZeRO sharding."""
+    activation_bytes: int | None
+    """Kept for backward at the peak (all micro-batches in flight); None when not computable."""
+    activation_terms: dict = dataclasses.field(default_factory=dict)
+    """activation_bytes split by where it comes from."""
+    transient_bytes: int = 0
+    """Short-lived buffers at the peak: one recomputed block, ZeRO-3's gathered unit."""
+    transient_terms: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def model_state_bytes(self) -> int:
+        """Parameters + gradients + optimizer (what the ZeRO paper's figures count)."""
+        return self.param_bytes + self.grad_bytes + self.optimizer_bytes
+
+    @property
+    def total_bytes(self) -> int:
+        return self.model_state_bytes + (self.activation_bytes or 0) + self.transient_bytes
+
+
+@dataclasses.dataclass
+class Collective:
+    """One kind of communication in a step, seen from one rank."""
+
+    what: str
+    op: str
+    """all_reduce, reduce_scatter, all_gather or send_recv."""
+    group: str
+    """'dp' (the data-parallel ranks of a stage) or 'pp' (neighbouring stages)."""
+    group_size: int
+    nbytes: int
+    """Buffer bytes per step summed over calls (nccl-tests' size convention)."""
+    calls: int
+    """How many calls carry it (buckets, ZeRO-3 units, micro-batches); latency is paid per call."""
+    sent_per_rank: float
+    """Bytes this rank sends per step with the ring (bandwidth-optimal) algorithm."""
+    times_s: dict | None = None
+    """Seconds per step by algorithm (alpha-beta), when a cluster was given."""
+
+    @property
+    def best(self) -> str | None:
+        return min(self.times_s, key=self.times_s.get) if self.times_s else None
+
+
+@dataclasses.dataclass
+class Estimate:
+    """The result of estimate(). Byte properties refer to the fullest stage (`peak`)."""
+
+    model: ModelShape | None
+    n_params: int
+    precision: Precision
+    plan: Plan
+    batch: int | None
+    micro_batch: int | None
+    stages: list
+    collectives: list
+    cluster: Cluster | None
+    notes: list
+    activation_formula: str = ACTIVATION_FORMULA
+
+    @property
+    def peak(self) -> StageMemory:
+        return max(self.stages, key=lambda st: st.total_bytes)
+
+    params_bytes = property(lambda self: self.peak.param_bytes)
+    grads_bytes = property(lambda self: self.peak.grad_bytes)
+    optimizer_bytes = property(lambda self: self.peak.optimizer_bytes)
+    activation_bytes = property(lambda self: self.peak.activation_bytes)
+    model_state_bytes = property(lambda self: self.peak.model_state_bytes)
+    total_bytes = property(lambda self: self.peak.total_bytes)
+
+    @property
+    def sent_per_rank(self) -> float:
+        return sum(c.sent_per_rank for c in self.collectives)
+
+    @property
+    def comm_time_s(self) -> float | None:
+        """Sum over collectives of the fastest algorithm (no overlap with compute assumed)."""
+        if self.cluster is None:
+            return None
+        return sum(c.times_s[c.best] for c in self.collectives if c.times_s)
+
+
+def as_model(model) -> tuple[ModelShape | None, int]:
+    """(shape or None, parameter count) from a ModelShape, a ringzero GPTConfig or a parameter count."""
+    if isinstance(model, ModelShape):
+        return model, model.n_params()
+    if isinstance(model, bool) or model is None:
+        raise TypeError(f"model must be a ModelShape, a GPTConfig or a parameter count, got {model!r}")
+    if isinstance(model, (int, float)):
+        if not (model >= 1 and float(model).is_integer()):
+            raise ValueError(f"--params must be a whole number of parameters >= 1, got {model!r}")
+        return None, int(model)
+    if all(hasattr(model, k) for k in ("n_layer", "d_model", "n_head", "vocab_size", "seq_len")):
+        shape = ModelShape.from_gpt_config(model)
+        return shape, shape.n_params()
+    raise TypeError(f"model must be a ModelShape, a GPTConfig or a parameter count, got {type(model).__name__}")
+
+
+def _shard(count: int, ways: int) -> int:
+    return -(-count // ways)  # ceil: a flat shard is padded to equal size on every rank
+
+
+def _stage_params(shape: ModelShape | None, n_params: int, pp: int) -> tuple[list, list]:
+    """(blocks per stage or Nones, parameters per stage). The embedding sits on the first stage and the
+    head on the last; a tied table is held by both when they differ (as Megatron does)."""
+    if shape is None:
+        return [None] * pp, [_shard(n_params, pp)] * pp
+    layers = split_layers(shape.n_layer, pp)
+    params = [n * shape.layer_params() for n in layers]
+    params[0] += shape.embedding_params()
+    params[-1] += shape.head_params()
+    if shape.tied_embeddings and pp > 1:
+        params[-1] += shape.vocab_size * shape.d_model
+    return layers, params
+
+
+def _in_flight(plan: Plan, stage: int) -> int:
+    """Micro-batches whose activations a stage holds at its peak."""
+    if plan.pp == 1:
+        return 1  # gradient accumulation runs micro-batches one after another
+    if plan.schedule == "gpipe":
+        return plan.microbatches
+    return min(plan.microbatches, plan.pp - stage)
+
+
+def _micro_batch(batch: int | None, plan: Plan) -> int | None:
+    if batch is None:
+        return None
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"--batch must be a positive int (sequences per step, all ranks), got {batch!r}")
+    per_step = plan.dp * plan.microbatches
+    if batch % per_step:
+        raise ValueError(f"--batch {batch} is not divisible by data-parallel ranks x micro-batches = {plan.dp} x "
+                         f"{plan.microbatches}; use a multiple of {per_step}")
+    return batch // per_step
+
+
+def _stage_memory(stage: int, layers, params: int, shape, micro, precision: Precision, plan: Plan) -> StageMemory:
+    z, dp = plan.zero_stage, plan.dp
+    st = StageMemory(
+        stage=stage, layers=layers, params=params,
+        param_bytes=_shard(params, dp if z >= 3 else 1) * precision.param_bytes,
+        grad_bytes=_shard(params, dp if z >= 2 else 1) * precision.grad_bytes,
+        optimizer_bytes=_shard(params, dp if z >= 1 else 1) * precision.optimizer_bytes,
+        activation_bytes=None)
+    if z >= 3 and shape is not None:
+        unit = max(shape.layer_params(), shape.embedding_params(), shape.head_params())
+        st.transient_terms["ZeRO-3 gathered unit (parameters and unsharded gradients)"] = (
+            unit * (precision.param_bytes + precision.grad_bytes))
+    if shape is None or micro is None:
+        st.transient_bytes = sum(st.transient_terms.values())
+        return st
+    e, flight, last = precision.act_bytes, _in_flight(plan, stage), plan.pp - 1
+    terms = {f"{layers} blocks x {flight} micro-batches": layers * flight * shape.layer_activation_bytes(
+        micro, e, plan.recompute)}
+    if stage == 0:
+        terms["embedding"] = flight * shape.embedding_activation_bytes(micro)
+    if stage == last:
+        terms["final norm, head and loss (float32 logits)"] = flight * shape.head_activation_bytes(micro, e)
+    st.activation_terms, st.activation_bytes = terms, sum(terms.values())
+    if plan.recompute != "none" and layers:
+        st.transient_terms[f"one block recomputed ({plan.recompute})"] = shape.layer_recompute_peak_bytes(
+            micro, e, plan.recompute)
+    st.transient_bytes = sum(st.transient_terms.values())
+    return st
+
+
+def _collectives(shape, stage_params, micro, precision: Precision, plan: Plan) -> tuple[list, list]:
+    """Per-step communication of the fullest stage as (collective, op, group, nbytes, calls) rows."""
+    notes, rows = [], []
+    params, m, z = max(stage_params), plan.microbatches, plan.zero_stage
+    grads, weights = params * precision.grad_bytes, params * precision.param_bytes
+    buckets = lambda nbytes: max(1, math.ceil(nbytes / plan.bucket_bytes))  # noqa: E731
+    if plan.dp > 1:
+        if z == 0:
+            rows.append(("gradients all-reduce", "all_reduce", "dp", grads, buckets(grads)))
+        elif z in (1, 2):
+            # ZeRO-2 keeps only its gradient shard, so it reduce-scatters after every micro-batch.
+            times = m if z == 2 else 1
+            rows.append(("gradients reduce-scatter", "reduce_scatter", "dp", times * grads, times * buckets(grads)))
+            rows.append(("parameters all-gather", "all_gather", "dp", weights, buckets(weights)))
+            if z == 2 and m > 1:
+                notes.append(f"ZeRO-2: gradients reduce-scattered after each of the {m} micro-batches")
+        else:
+            units = shape.n_layer + 2 if shape is not None else 1
+            if shape is None:
+                notes.append("ZeRO-3 without layer shapes: one gather per pass counted (latency understated)")
+            rows.append(("parameters all-gather, forward", "all_gather", "dp", m * weights, m * units))
+            rows.append(("parameters all-gather, backward", "all_gather", "dp", m * weights, m * units))
+            rows.append(("gradients reduce-scatter", "reduce_scatter", "dp", m * grads, m * units))
+    if plan.pp > 1:
+        if shape is None or micro is None:
+            notes.append("pipeline activations between stages not counted (give the model shape and --batch)")
+        else:
+            per_message = micro * shape.seq_len * shape.d_model * precision.act_bytes
+            # A middle stage sends each micro-batch's activations forward and its gradient backward.
+            rows.append(("activations and their gradients between stages", "send_recv", "pp", 2 * m * per_message,
+                         2 * m))
+    return rows, notes
+
+
+def estimate(model, batch: int | None = None, precision: Precision | None = None, plan: Plan | None = None,
+             cluster: Cluster | None = None) -> Estimate:
+    """Memory per GPU and communication per step.
+
+    model: a ModelShape, a ringzero.models.GPTConfig (its exact shape) or a parameter count (then
+    activations and pipeline traffic are not computed). batch: sequences per optimizer step over all
+    ranks (None: no activations); each micro-batch has batch / (dp * microbatches) sequences.
+    precision: bytes per parameter and activation (default float32 Adam). plan: strategy, world and
+    pipeline sizes (default DDP on one rank). cluster: gives collective times (alpha-beta) and the
+    GPU memory. Raises ValueError naming the argument when the combination is impossible.
+    """
+    shape, n_params = as_model(model)
+    precision = precision or Precision()
+    plan = plan or Plan()
+    if shape is None and plan.pp > 1 and n_params < plan.pp:
+        raise ValueError(f"--params {n_params} cannot be split over pp={plan.pp} stages")
+    micro = _micro_batch(batch, plan)
+    layers, stage_params = _stage_params(shape, n_params, plan.pp)
+    stages = [_stage_memory(i, layers[i], stage_params[i], shape, micro, precision, plan) for i in range(plan.pp)]
+    rows, notes = _collectives(shape, stage_params, micro, precision, plan)
+    collectives = []
+    for what, op, group, nbytes, calls in rows:
+        size = plan.dp if group == "dp" else plan.pp
+        c = Collective(what, op, group, size, nbytes, calls, sent_per_rank(op, nbytes, size))
+        if cluster is not None:
+            c.times_s = {algo: calls * t for algo, t in
+                         collective_times(op, nbytes / calls, _worst_group(group, plan, cluster), cluster).items()}
+        collectives.append(c)
+    if shape is None:
+        notes.append("activations not computed: give the model shape (--layers --hidden --heads --vocab --seq)")
+    elif micro is None:
+        notes.append("activations not computed: give --batch")
+    return Estimate(shape, n_params, precision, plan, batch, micro, stages, collectives, cluster, notes)
+
+
+def _worst_group(group: str, plan: Plan, cluster: Cluster) -> GroupShape:
+    """The group spanning the most nodes (ranks are pipeline-major: rank = stage * dp + dp_index)."""
+    g = cluster.gpus_per_node
+    if plan.world > g and plan.world % g:
+        raise ValueError(f"world={plan.world} does not fill whole {g}-GPU nodes; use a multiple of {g} "
+                         f"or set --gpus-per-node")
+    if group == "dp":
+        groups = [[s * plan.dp + d for d in range(plan.dp)] for s in range(plan.pp)]
+    else:  # neighbouring stages: a point-to-point pair crossing a node boundary is the slow one
+        groups = [[s * plan.dp + d, (s + 1) * plan.dp + d] for s in range(plan.pp - 1) for d in range(plan.dp)]
+    return max((group_shape(r, g) for r in groups), key=lambda gs: (gs.nodes, -gs.local))
+
+
+def largest_model(model, batch: int | None, precision: Precision, plan: Plan, capacity_bytes: int):
+    """The largest model of the same family whose fullest stage fits capacity_bytes: with a shape,
+    the most layers at the same width (returns (ModelShape, Estimate)); with a parameter count, the
+    most parameters for model states alone (returns (count, Estimate)). None if nothing fits."""
+    shape, _ = as_model(model)
+    if shape is None:
+        make, low, high = (lambda k: k), max(1, plan.pp), 2**50
+    else:
+        make, low, high = (lambda k: dataclasses.replace(shape, n_layer=k)), plan.pp, 2**20
+    fits = lambda k: estimate(make(k), batch, precision, plan).total_bytes <= capacity_bytes  # noqa: E731
+    if not fits(low):
+        return None
+    while low < high:  # invariant: low fits; memory grows with the size, so bisect
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if fits(mid) else (low, mid - 1)
+    return make(low), estimate(make(low), batch, precision, plan)

@@ -1,0 +1,211 @@
+"""Clusters and the alpha-beta cost of collectives on them.
+
+A step of an algorithm costs alpha (latency) plus the bytes one rank sends in it over its link's
+bandwidth B (per direction, per GPU); a collective is its steps in sequence:
+
+  ring all-reduce         2(n-1) alpha + 2(n-1)/n M/B     reduce-scatter then all-gather, M/n per step
+  ring reduce-scatter,    (n-1) alpha + (n-1)/n M/B
+    ring all-gather
+  one-shot all-reduce     alpha + (n-1) M/B               every rank reads every peer's whole buffer
+  one-shot reduce-scatter alpha + (n-1)/n M/B             every rank reads its 1/n from every peer
+    / all-gather
+  two-shot all-reduce     2 alpha + 2(n-1)/n M/B          one-shot reduce-scatter, one-shot all-gather
+  hierarchical            ring inside each node (n_local ranks, intra link) on M, ring across the nodes
+                          on M/n_local (each GPU with its own NIC), ring inside each node again
+
+M is the whole buffer as nccl-tests counts it (all-reduce: the tensor; reduce-scatter: the input;
+all-gather: the output). One-shot and two-shot need every peer's memory (NVLink/NVSwitch, shared
+memory), so they apply only inside a node; across nodes a flat ring runs at the slower link.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+
+from .checks import positive_ints
+
+OPS = ("all_reduce", "reduce_scatter", "all_gather", "send_recv")
+ALGORITHMS = ("ring", "one-shot", "two-shot", "hierarchical")
+
+# Latency per algorithm step: assumed values (a few microseconds, the order of NCCL's own latency
+# constants for NVLink and InfiniBand), not vendor specifications. Override with --latency-us.
+INTRA_LATENCY_US = 2.0
+INTER_LATENCY_US = 5.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Link:
+    """One GPU's connection of one kind: bandwidth per direction and latency per algorithm step."""
+
+    bytes_per_s: float
+    latency_s: float
+
+    def __post_init__(self):
+        if not (self.bytes_per_s > 0 and math.isfinite(self.bytes_per_s)):
+            raise ValueError(f"link bandwidth must be a positive number, got {self.bytes_per_s!r}")
+        if not (self.latency_s >= 0 and math.isfinite(self.latency_s)):
+            raise ValueError(f"link latency must be a number >= 0, got {self.latency_s!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Cluster:
+    """Nodes of gpus_per_node GPUs: an intra-node link (NVLink/NVSwitch) and one NIC per GPU between
+    nodes. gpu_mem_bytes (None if unknown) is what one GPU holds."""
+
+    name: str
+    gpus_per_node: int
+    intra: Link
+    inter: Link
+    gpu_mem_bytes: int | None = None
+
+    def __post_init__(self):
+        positive_ints("--", **{"gpus-per-node": self.gpus_per_node})
+
+    def describe(self) -> str:
+        mem = f", {self.gpu_mem_bytes / 1e9:.0f} GB per GPU" if self.gpu_mem_bytes else ""
+        return (f"{self.name}: {self.gpus_per_node} GPUs per node; intra-node {self.intra.bytes_per_s / 1e9:.0f} GB/s "
+                f"per direction, {self.intra.latency_s * 1e6:.1f} us; inter-node {self.inter.bytes_per_s / 1e9:.1f} GB/s "
+                f"per GPU per direction ({self.inter.bytes_per_s * 8 / 1e9:.0f} Gb/s), "
+                f"{self.inter.latency_s * 1e6:.1f} us{mem}")
+
+
+def _preset(name, intra_GBps, inter_Gbps, mem_GB):
+    return Cluster(name, 8, Link(intra_GBps * 1e9, INTRA_LATENCY_US * 1e-6),
+                   Link(inter_Gbps / 8 * 1e9, INTER_LATENCY_US * 1e-6), int(mem_GB * 1e9))
+
+
+# Eight-GPU nodes as NVIDIA's public datasheets describe them (bidirectional NVLink figures halved to
+# per direction; one InfiniBand NIC per GPU):
+PRESETS = {
+    # H100 SXM5: NVLink 4 at 900 GB/s per GPU; 80 GB HBM3. DGX H100: eight 400 Gb/s ConnectX-7 NICs.
+    "H100": _preset("H100", 450, 400, 80),
+    # H200 SXM: NVLink 4 at 900 GB/s; 141 GB HBM3e. DGX H200: eight 400 Gb/s ConnectX-7 NICs.
+    "H200": _preset("H200", 450, 400, 141),
+    # A100 SXM4 80GB: NVLink 3 at 600 GB/s; 80 GB HBM2e. DGX A100: eight 200 Gb/s ConnectX-6 HDR NICs.
+    "A100": _preset("A100", 300, 200, 80),
+    # B200: NVLink 5 at 1.8 TB/s per GPU; DGX B200: 1,440 GB over 8 GPUs, eight 400 Gb/s ConnectX-7 NICs.
+    "B200": _preset("B200", 900, 400, 180),
+}
+
+
+def parse_cluster(text: str) -> tuple[Cluster, int | None]:
+    """'8xH100' -> (the H100 preset, world 8); 'H100' -> (preset, None). Fewer GPUs than a node make
+    one smaller node; more must fill whole nodes."""
+    m = re.fullmatch(r"\s*(?:(\d+)\s*[xX]\s*)?([A-Za-z][A-Za-z0-9]*)\s*", str(text))
+    name = m.group(2).upper() if m else None
+    if name not in PRESETS:
+        raise ValueError(f"--cluster {text!r}: use COUNTxNAME or NAME with NAME one of {', '.join(PRESETS)} "
+                         f"(e.g. 8xH100, 64xH100), or give --intra-gbps/--inter-gbps/--latency-us")
+    preset = PRESETS[name]
+    if m.group(1) is None:
+        return preset, None
+    count = int(m.group(1))
+    if count < 1:
+        raise ValueError(f"--cluster {text!r}: the GPU count must be at least 1")
+    if count < preset.gpus_per_node:
+        return dataclasses.replace(preset, name=f"{count}x{name}", gpus_per_node=count), count
+    if count % preset.gpus_per_node:
+        raise ValueError(f"--cluster {text!r}: {count} GPUs do not fill whole {preset.gpus_per_node}-GPU nodes; "
+                         f"use a multiple of {preset.gpus_per_node} or at most {preset.gpus_per_node}")
+    return dataclasses.replace(preset, name=f"{count}x{name}"), count
+
+
+def custom_cluster(intra_gbps: float, inter_gbps: float, latency_us: float, gpus_per_node: int = 8,
+                   gpu_mem_gb: float | None = None) -> Cluster:
+    """A cluster from link speeds in gigabits per second per GPU and direction, one step latency."""
+    for name, v in (("--intra-gbps", intra_gbps), ("--inter-gbps", inter_gbps)):
+        if not (isinstance(v, (int, float)) and v > 0 and math.isfinite(v)):
+            raise ValueError(f"{name} must be a positive number of gigabits per second, got {v!r}")
+    if not (isinstance(latency_us, (int, float)) and latency_us >= 0 and math.isfinite(latency_us)):
+        raise ValueError(f"--latency-us must be a number >= 0, got {latency_us!r}")
+    mem = None
+    if gpu_mem_gb is not None:
+        if not (gpu_mem_gb > 0 and math.isfinite(gpu_mem_gb)):
+            raise ValueError(f"--gpu-mem-gb must be a positive number, got {gpu_mem_gb!r}")
+        mem = int(gpu_mem_gb * 1e9)
+    return Cluster("custom", gpus_per_node, Link(intra_gbps / 8 * 1e9, latency_us * 1e-6),
+                   Link(inter_gbps / 8 * 1e9, latency_us * 1e-6), mem)
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupShape:
+    """Where a group's ranks live: n ranks over `nodes` nodes, `local` per node (0 when uneven)."""
+
+    n: int
+    nodes: int
+    local: int
+
+
+def group_shape(ranks: list[int], gpus_per_node: int) -> GroupShape:
+    """The node layout of a group of global ranks (node = rank // gpus_per_node)."""
+    per_node: dict[int, int] = {}
+    for r in ranks:
+        per_node[r // gpus_per_node] = per_node.get(r // gpus_per_node, 0) + 1
+    counts = set(per_node.values())
+    return GroupShape(len(ranks), len(per_node), counts.pop() if len(counts) == 1 else 0)
+
+
+def _ring(op: str, nbytes: float, n: int, link: Link) -> float:
+    if n == 1:
+        return 0.0
+    steps = (2 if op == "all_reduce" else 1) * (n - 1)
+    return steps * (link.latency_s + nbytes / n / link.bytes_per_s)
+
+
+def _one_shot(op: str, nbytes: float, n: int, link: Link) -> float:
+    if n == 1:
+        return 0.0
+    received = (n - 1) * nbytes if op == "all_reduce" else (n - 1) * nbytes / n
+    return link.latency_s + received / link.bytes_per_s
+
+
+def _two_shot(nbytes: float, n: int, link: Link) -> float:
+    if n == 1:
+        return 0.0
+    return 2 * (link.latency_s + (n - 1) * nbytes / n / link.bytes_per_s)
+
+
+def _hierarchical(op: str, nbytes: float, shape: GroupShape, cluster: Cluster) -> float:
+    inside, across = shape.local, shape.nodes
+    if op == "all_reduce":
+        return (_ring("reduce_scatter", nbytes, inside, cluster.intra)
+                + _ring("all_reduce", nbytes / inside, across, cluster.inter)
+                + _ring("all_gather", nbytes, inside, cluster.intra))
+    # reduce-scatter: inside the node first, then across on the node's 1/local piece; all-gather mirrors it.
+    return _ring(op, nbytes, inside, cluster.intra) + _ring(op, nbytes / inside, across, cluster.inter)
+
+
+def collective_times(op: str, nbytes: float, shape: GroupShape, cluster: Cluster) -> dict[str, float]:
+    """Seconds of one call of `op` on an nbytes buffer for each algorithm that applies to this group
+    (missing keys do not apply). send_recv is one point-to-point message, reported as 'ring'."""
+    if op not in OPS:
+        raise ValueError(f"op={op!r}: use one of {OPS}")
+    if nbytes < 0:
+        raise ValueError(f"nbytes must be >= 0, got {nbytes!r}")
+    n = shape.n
+    if shape.nodes == 1:
+        link = cluster.intra
+        if op == "send_recv":
+            return {"ring": link.latency_s + nbytes / link.bytes_per_s}
+        times = {"ring": _ring(op, nbytes, n, link), "one-shot": _one_shot(op, nbytes, n, link)}
+        if op == "all_reduce":
+            times["two-shot"] = _two_shot(nbytes, n, link)
+        return times
+    slow = Link(min(cluster.intra.bytes_per_s, cluster.inter.bytes_per_s),
+                max(cluster.intra.latency_s, cluster.inter.latency_s))
+    if op == "send_recv":
+        return {"ring": slow.latency_s + nbytes / slow.bytes_per_s}
+    times = {"ring": _ring(op, nbytes, n, slow)}
+    if shape.local > 1:
+        times["hierarchical"] = _hierarchical(op, nbytes, shape, cluster)
+    return times
+
+
+def sent_per_rank(op: str, nbytes: float, n: int) -> float:
+    """Bytes one rank sends in the ring (bandwidth-optimal) algorithm: what every algorithm but the
+    one-shot all-reduce must at least move (nccl-tests' bus-bandwidth factor times M)."""
+    if op == "send_recv":
+        return nbytes
+    factor = {"all_reduce": 2 * (n - 1) / n, "reduce_scatter": (n - 1) / n, "all_gather": (n - 1) / n}[op]
+    return factor * nbytes

@@ -1,0 +1,137 @@
+"""What is being estimated, apart from the model: the number formats (Precision) and the parallel
+layout (Plan: data parallel with DDP or ZeRO 1/2/3, pipeline stages, micro-batches, recomputation).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from .checks import positive_ints
+from .model import RECOMPUTE_KINDS
+
+DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "float64": 8,
+               "fp8": 1, "float8": 1}
+OPTIMIZER_STATES = {"adam": ("exp_avg", "exp_avg_sq"), "adamw": ("exp_avg", "exp_avg_sq"),
+                    "momentum": ("momentum",), "sgd": ()}
+STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "pp", "pp+zero1", "pp+zero2")
+SCHEDULES = ("1f1b", "gpipe")
+
+
+def dtype_bytes(name: str, what: str) -> int:
+    """Bytes of one element of dtype `name` (float32, bfloat16, float16, ...); `what` names the argument."""
+    try:
+        return DTYPE_BYTES[str(name).lower()]
+    except KeyError:
+        raise ValueError(f"{what}={name!r} is not a known dtype; use one of {sorted(DTYPE_BYTES)}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class Precision:
+    """Bytes per parameter of each model state, and per activation element."""
+
+    param_bytes: int = 4
+    """The parameters the forward and backward use."""
+    grad_bytes: int = 4
+    """Gradients, as reduced between ranks."""
+    master_bytes: int = 0
+    """A separate float32 copy of the parameters that the optimizer updates (mixed precision); 0 if none."""
+    state_bytes: tuple = (("exp_avg", 4), ("exp_avg_sq", 4))
+    """Optimizer state per parameter, by name (Adam: first and second moment)."""
+    act_bytes: int = 4
+    """One activation element (the paper's 2 for 16-bit training)."""
+
+    def __post_init__(self):
+        positive_ints("Precision.", param_bytes=self.param_bytes, grad_bytes=self.grad_bytes,
+                      act_bytes=self.act_bytes)
+        if isinstance(self.master_bytes, bool) or not isinstance(self.master_bytes, int) or self.master_bytes < 0:
+            raise ValueError(f"Precision.master_bytes must be an int >= 0, got {self.master_bytes!r}")
+
+    @property
+    def optimizer_bytes(self) -> int:
+        """K of the ZeRO paper: master copy plus optimizer states, bytes per parameter."""
+        return self.master_bytes + sum(b for _, b in self.state_bytes)
+
+    @property
+    def model_state_bytes(self) -> int:
+        """Bytes per parameter of parameters, gradients and optimizer together (16 for float32 Adam)."""
+        return self.param_bytes + self.grad_bytes + self.optimizer_bytes
+
+    @classmethod
+    def for_dtype(cls, dtype: str = "float32", optimizer: str = "adam", grad_dtype: str | None = None,
+                  state_dtypes: dict | None = None, master: bool | None = None) -> "Precision":
+        """The usual recipes. float32: everything 4 bytes (16 bytes per parameter with Adam).
+        bfloat16/float16: mixed precision as in the ZeRO paper, 16-bit parameters, gradients and
+        activations with a float32 master copy and float32 moments (2 + 2 + 12 bytes). grad_dtype,
+        state_dtypes ({'exp_avg': 'bfloat16'}) and master override a part of the recipe."""
+        opt = str(optimizer).lower()
+        if opt not in OPTIMIZER_STATES:
+            raise ValueError(f"optimizer={optimizer!r}: use one of {sorted(OPTIMIZER_STATES)}")
+        work = dtype_bytes(dtype, "dtype")
+        if master is None:
+            master = work < 4
+        states = {name: 4 for name in OPTIMIZER_STATES[opt]}
+        for name, dt in (state_dtypes or {}).items():
+            if name not in states:
+                raise ValueError(f"optimizer {opt} has no state {name!r}; it has {list(states) or 'none'}")
+            states[name] = dtype_bytes(dt, f"{name} dtype")
+        grad = work if grad_dtype is None else dtype_bytes(grad_dtype, "grad_dtype")
+        return cls(param_bytes=work, grad_bytes=grad, master_bytes=4 if master else 0,
+                   state_bytes=tuple(states.items()), act_bytes=work)
+
+    def describe(self) -> str:
+        states = ", ".join(f"{n} {b}" for n, b in self.state_bytes) or "no optimizer state"
+        master = f"master copy {self.master_bytes}, " if self.master_bytes else ""
+        return (f"bytes per parameter: parameters {self.param_bytes}, gradients {self.grad_bytes}, {master}{states}"
+                f" (= {self.model_state_bytes}); activations {self.act_bytes} bytes per element")
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """How the world is used: pp pipeline stages times world/pp data-parallel ranks per stage (ranks
+    pipeline-major as in ringzero.parallel.Mesh: a stage's data-parallel ranks are neighbours)."""
+
+    strategy: str = "ddp"
+    """One of STRATEGIES: ddp, zero1, zero2, zero3 (data parallel only), pp, pp+zero1, pp+zero2."""
+    world: int = 1
+    """All ranks (GPUs)."""
+    pp: int = 1
+    """Pipeline stages; must divide world. Strategies without 'pp' need pp=1."""
+    microbatches: int = 1
+    """Micro-batches per step and data-parallel rank (the pipeline's m; gradient accumulation steps)."""
+    schedule: str = "1f1b"
+    """Pipeline schedule: '1f1b' keeps at most pp micro-batches in flight on stage 0, 'gpipe' keeps all m."""
+    recompute: str = "none"
+    """Activation recomputation: none, selective (the paper's: the attention s^2 part), full (per block)."""
+    bucket_bytes: int = 25 * 2**20
+    """Gradient bucket of DDP/ZeRO-1/2 reductions (torch DDP's default 25 MiB): sets the call count."""
+
+    def __post_init__(self):
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"strategy={self.strategy!r}: use one of {', '.join(STRATEGIES)}")
+        positive_ints("", world=self.world, pp=self.pp, microbatches=self.microbatches,
+                      bucket_bytes=self.bucket_bytes)
+        if self.world % self.pp:
+            raise ValueError(f"pp={self.pp} pipeline stages do not divide world={self.world}; choose pp among "
+                             f"the divisors of {self.world} or change --world")
+        if self.pp > 1 and not self.strategy.startswith("pp"):
+            raise ValueError(f"strategy {self.strategy} has no pipeline but pp={self.pp}; use --strategy pp, "
+                             f"pp+zero1 or pp+zero2, or --pp 1")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule={self.schedule!r}: use one of {SCHEDULES}")
+        if self.recompute not in RECOMPUTE_KINDS:
+            raise ValueError(f"recompute={self.recompute!r}: use one of {RECOMPUTE_KINDS}")
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel ranks per pipeline stage."""
+        return self.world // self.pp
+
+    @property
+    def zero_stage(self) -> int:
+        """0 for DDP and plain pipeline, else the ZeRO stage: 1 shards optimizer state, 2 also
+        gradients, 3 also parameters, each over the dp ranks of a stage."""
+        return int(self.strategy[-1]) if "zero" in self.strategy else 0
+
+    def describe(self) -> str:
+        pipe = (f", {self.pp} stages x {self.dp} data-parallel, {self.microbatches} micro-batches, "
+                f"{self.schedule}" if self.pp > 1 else f", {self.dp} data-parallel ranks")
+        return f"{self.strategy}{pipe}, recompute {self.recompute}"

@@ -1,0 +1,143 @@
+"""One ZeRO flat group (a bucket for stages 1-2, a unit for stage 3): its float32 master shard, the
+gather of full parameters from the shards, and the reduction of gradients into the master shard.
+
+Buffers (1D = flat, padded to a multiple of the world size; shard = 1/N of it):
+  master        1D shard, float32, on master_device: the only copy of the weights that the optimizer steps
+  master.grad   1D shard, float32: averaged gradient (summed over backward passes until zero_grad)
+  full          1D padded, param_dtype: the gathered weights; module parameters are views into it
+                (kept between steps in stages 1-2; in stage 3 its storage is resized to 0 bytes when
+                freed and back when gathered, around each use)
+  grad_flat     1D padded, reduce_dtype: this rank's gradients of the group, input of the reduction
+                (kept between steps in stage 1, where gradients are replicated; transient in 2-3)
+"""
+from __future__ import annotations
+
+import enum
+
+import torch
+import torch.nn as nn
+
+from .. import comm
+from ..comm.types import ReduceOp
+from .flat import FlatLayout
+
+
+class ParamState(enum.Enum):
+    SHARDED = "sharded"        # module parameters are empty; only the master shard exists
+    GATHERING = "gathering"    # an async all-gather into `full` is in flight
+    UNSHARDED = "unsharded"    # module parameters are views of `full`
+
+
+class ShardedGroup:
+    """named_params: (name, Parameter) of this group, in flat order; every rank passes the same list.
+
+    Takes over the parameters: their current values (float32 of them) become the master shard, and
+    their .data becomes views into `full` (or empty while sharded)."""
+
+    def __init__(self, named_params, group, world: int, rank: int, stage: int, param_dtype: torch.dtype,
+                 reduce_dtype: torch.dtype, master_device: torch.device):
+        self.layout = FlatLayout(named_params, world, rank)
+        self._slots = {id(s.param): s for s in self.layout.slots}
+        self.group, self.stage = group, stage
+        self.param_dtype, self.reduce_dtype = param_dtype, reduce_dtype
+        params = self.layout.params
+        self.compute_device = params[0].device if params else torch.device("cpu")
+        flat32 = self.layout.flatten([p.detach() for p in params], torch.float32)
+        self.master = nn.Parameter(self.layout.shard(flat32).to(master_device, copy=True))
+        self.state = ParamState.SHARDED
+        self._gather_work = self._gather_input = None
+        self.grad_flat = None
+        self._reduce_work = self._reduce_out = None
+        # The module parameters are bound once, as views of `full`. Stage 3 frees `full` by resizing its
+        # storage to zero bytes and gathers into the same storage again (as FSDP2 does): views that
+        # autograd saved during forward (e.g. weight.t() of a Linear) then see the weights again in
+        # backward instead of keeping a freed buffer alive.
+        self.full = flat32.to(self.compute_device, param_dtype, copy=True)
+        del flat32
+        self._full_bytes = self.full.untyped_storage().nbytes()
+        for s in self.layout.slots:
+            s.param.data = self.layout.view(self.full, s)
+        self.state = ParamState.UNSHARDED
+        if stage == 3:
+            self.free()
+        self.gathered_version = self.master._version
+
+    # ---- parameters ----------------------------------------------------------------------------
+    def gather_async(self):
+        """Starts the all-gather of the master shards (as param_dtype) into `full`. Every rank of the
+        group must call it, in the same order as its other collectives."""
+        self._gather_input = self.master.detach().to(self.compute_device, self.param_dtype, copy=True)
+        storage = self.full.untyped_storage()
+        if storage.nbytes() != self._full_bytes:
+            storage.resize_(self._full_bytes)
+        self._gather_work = comm.all_gather_single(self.full, self._gather_input, group=self.group, async_op=True)
+        self.state = ParamState.GATHERING
+        self.gathered_version = self.master._version
+
+    def wait_gathered(self):
+        """Makes the gathered weights visible through the module parameters (gathers now if no gather
+        is in flight)."""
+        if self.state is ParamState.SHARDED:
+            self.gather_async()
+        if self.state is ParamState.GATHERING:
+            self._gather_work.wait()
+            self._gather_work = self._gather_input = None
+            self.state = ParamState.UNSHARDED
+
+    def free(self):
+        """Stage 3: releases the full weights (the module parameters must not be read until the next
+        gather: forward and backward hooks gather before each use)."""
+        if self.state is ParamState.GATHERING:
+            self._gather_work.wait()
+            self._gather_work = self._gather_input = None
+        self.full.untyped_storage().resize_(0)
+        self.state = ParamState.SHARDED
+
+    # ---- gradients -----------------------------------------------------------------------------
+    def copy_grad_in(self, p: nn.Parameter, grad: torch.Tensor | None):
+        """Puts one parameter's gradient (None: zeros) in grad_flat and drops param.grad."""
+        if self.grad_flat is None:
+            # Stage 1 keeps the buffer (replicated gradients); padding stays zero because no slot covers it.
+            self.grad_flat = torch.zeros(self.layout.padded_numel, dtype=self.reduce_dtype, device=self.compute_device)
+        view = self.layout.view(self.grad_flat, self._slots[id(p)])
+        view.copy_(grad) if grad is not None else view.zero_()
+        p.grad = None
+
+    def reduce_async(self):
+        """Stage 1: all-reduce (average) grad_flat in place; stages 2-3: reduce-scatter it into a shard."""
+        if self.stage == 1:
+            self._reduce_work = comm.all_reduce(self.grad_flat, op=ReduceOp.AVG, group=self.group, async_op=True)
+        else:
+            self._reduce_out = torch.empty(self.layout.shard_numel, dtype=self.reduce_dtype, device=self.compute_device)
+            self._reduce_work = comm.reduce_scatter_single(self._reduce_out, self.grad_flat, op=ReduceOp.AVG,
+                                                           group=self.group, async_op=True)
+
+    def finish_reduce(self):
+        """Waits for the reduction and adds this rank's averaged shard into master.grad (float32);
+        does nothing when no reduction is pending."""
+        if self._reduce_work is None:
+            return
+        self._reduce_work.wait()
+        self._reduce_work = None
+        if self.stage == 1:
+            shard = self.layout.shard(self.grad_flat)
+        else:
+            shard, self._reduce_out = self._reduce_out, None
+            self.grad_flat = None  # stages 2-3 keep only the shard
+        m = self.master
+        if m.grad is None:
+            if self.stage > 1 and shard.dtype == torch.float32 and shard.device == m.device:
+                m.grad = shard  # already a fresh float32 shard: no copy
+            else:
+                m.grad = shard.to(m.device, torch.float32, copy=True)
+        else:
+            m.grad.add_(shard.to(m.device, torch.float32))
+
+    # ---- accounting ----------------------------------------------------------------------------
+    def persistent_bytes(self) -> dict:
+        """Bytes this group holds now: full weights, gradient buffers, master shard."""
+        full = self.full.untyped_storage().nbytes()
+        grads = self.grad_flat.numel() * self.grad_flat.element_size() if self.grad_flat is not None else 0
+        if self.master.grad is not None:
+            grads += self.master.grad.numel() * 4
+        return {"params": full, "grads": grads, "master": self.master.numel() * 4}

@@ -1,0 +1,137 @@
+"""`ringzero train`: trains the byte-level GPT on the standard library's sources with one strategy,
+or several in turn (`--compare`) on the same data and seed, and prints one table (and a PNG).
+
+    ringzero train --strategy zero2 --nproc 2
+    ringzero train --compare ddp,zero1,zero2,zero3,pp --nproc 2 --out runs/compare
+
+Each strategy runs in fresh processes (so peak memory is its own); rank 0 writes a JSON summary that
+the parent collects. Under torchrun, only --strategy is accepted and the current processes train.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+
+STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "pp", "pp+zero1", "pp+zero2")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="ringzero train", description=__doc__.split("\n\n")[0])
+    how = p.add_mutually_exclusive_group()
+    how.add_argument("--strategy", choices=STRATEGIES, default=None, help="one strategy (default ddp)")
+    how.add_argument("--compare", default=None, help="comma-separated strategies to run in turn on the same data")
+    p.add_argument("--nproc", type=int, default=2, help="ranks to spawn when not under torchrun (default 2)")
+    p.add_argument("--pp", type=int, default=None, help="pipeline stages for pp strategies (default: all ranks for "
+                   "pp, half of them for pp+zero*)")
+    p.add_argument("--microbatches", type=int, default=4, help="pipeline microbatches per step (default 4)")
+    p.add_argument("--schedule", default="1F1B", help="pipeline schedule (GPipe, 1F1B, Interleaved1F1B, ZeroBubbleH1)")
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--batch", type=int, default=16, help="global batch in sequences")
+    p.add_argument("--seq", type=int, default=128, help="tokens (bytes) per sequence")
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--d-model", type=int, default=256)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--clip", type=float, default=1.0, help="global gradient-norm clip (0: off)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--val-every", type=int, default=20, help="validation loss every K steps (and at the end)")
+    p.add_argument("--val-batches", type=int, default=2)
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--checkpoint-dir", default=None)
+    p.add_argument("--save-every", type=int, default=0, help="save a checkpoint every K steps (needs --checkpoint-dir)")
+    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --checkpoint-dir")
+    p.add_argument("--out", default=None, help="folder for results.json and compare.png")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    args = p.parse_args(argv)
+    args.strategies = ([s.strip() for s in args.compare.split(",") if s.strip()] if args.compare
+                       else [args.strategy or "ddp"])
+    bad = [s for s in args.strategies if s not in STRATEGIES]
+    if bad:
+        p.error(f"unknown strategy {bad}; choose from {', '.join(STRATEGIES)}")
+    for name in ("nproc", "steps", "batch", "seq", "layers", "d_model", "heads", "microbatches", "val_batches"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.val_every < 0 or args.save_every < 0:
+        p.error("--val-every and --save-every must be >= 0")
+    if (args.save_every or args.resume) and not args.checkpoint_dir:
+        p.error("--save-every and --resume need --checkpoint-dir")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: no CUDA device is available")
+    from .trainer import check_layout
+
+    for s in args.strategies:
+        try:
+            check_layout(s, args.nproc, args.pp, args.batch, args.microbatches, args.layers)
+        except ValueError as e:
+            p.error(str(e))
+    return args
+
+
+def _rank_main(args, strategy: str, result_path: str):
+    from .trainer import train_rank
+
+    summary = train_rank(args, strategy)
+    if dist.get_rank() == 0:
+        with open(result_path, "w") as f:
+            json.dump(summary, f)
+
+
+def _print_table(results: list[dict]):
+    cols = [("strategy", "{:<10}", "strategy"), ("train loss", "{:>10.4f}", "final_train_loss"),
+            ("val loss", "{:>9.4f}", "final_val_loss"), ("tokens/s", "{:>9.0f}", "tokens_per_s"),
+            ("step ms", "{:>8.1f}", "step_ms"), ("peak MiB/rank", "{:>13.1f}", "peak_mib_per_rank"),
+            ("comm s", "{:>7.2f}", "comm_s")]
+    widths = [len(fmt.format(results[0][key])) for _, fmt, key in cols]
+    print(" | ".join(f"{name:<{w}}" if i == 0 else f"{name:>{w}}" for i, ((name, _, _), w) in enumerate(zip(cols, widths))))
+    for r in results:
+        print(" | ".join(fmt.format(r[key]) for _, fmt, key in cols))
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    from .launch import launch, under_torchrun
+
+    if under_torchrun():
+        if len(args.strategies) != 1:
+            raise SystemExit("ringzero train: under torchrun pass --strategy, not --compare")
+        if args.out:
+            os.makedirs(args.out, exist_ok=True)
+            _rank_main(args, args.strategies[0], os.path.join(args.out, "results.json"))
+        else:
+            with tempfile.TemporaryDirectory() as tmp:
+                _rank_main(args, args.strategies[0], os.path.join(tmp, "r.json"))
+        return 0
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for s in args.strategies:
+            path = os.path.join(tmp, f"{s}.json")
+            t0 = time.time()
+            launch(_rank_main, args.nproc, args, s, path)
+            with open(path) as f:
+                r = json.load(f)
+            r["wall_s"] = time.time() - t0
+            results.append(r)
+    print()
+    print(f"# ringzero train | {args.nproc} ranks | {args.steps} steps | global batch {args.batch} x {args.seq} bytes | "
+          f"model {results[0]['params'] / 1e6:.2f}M params | {results[0]['corpus']}")
+    _print_table(results)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "results.json"), "w") as f:
+            json.dump(results, f, indent=1)
+        if len(results) > 1:
+            from .trainer import plot_compare
+
+            path = plot_compare(results, os.path.join(args.out, "compare.png"))
+            print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
