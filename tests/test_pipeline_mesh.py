@@ -1,16 +1,19 @@
 """Pipeline x data parallelism on a (pp=2) x (dp=2) Mesh over 4 ranks: each replica runs the pipeline on
 its half of the global batch, then the runner's grad_sync averages each stage's gradients across its
-data-parallel replicas with ringzero.all_reduce (AVG) over mesh.group("dp").
+data-parallel replicas with ringzero.all_reduce (AVG) over mesh.group("dp"). Then GPipe and 1F1B with
+each stage wrapped in ringzero DistributedDataParallel over mesh.group("dp") (it averages during every
+microbatch's backward), and the refusal of a zero-bubble plan on a wrapped stage.
 
 Reference: the unsplit GPT in one process on the whole global batch (float64, same loss), as in
 test_pipeline_parity.py; tolerance rtol=1e-9, atol=1e-12. The average of the replicas' losses must equal
 the whole-batch loss too (replicas get equal halves).
 """
+import pytest
 import torch
 
 import ringzero
 from harness import run_ranks
-from ringzero.parallel import Mesh
+from ringzero.parallel import DistributedDataParallel, Mesh
 from ringzero.parallel.pipeline import PipelineRunner, PipelineStage, split
 from test_pipeline_parity import ATOL, RTOL, SCHEDULES, build, lm_loss
 
@@ -52,6 +55,20 @@ def mesh_cases(rank, world):
                 torch.testing.assert_close(p.grad, ref_grads[names[id(p)]], rtol=RTOL, atol=ATOL,
                                            msg=lambda s: f"{schedule} m={m} rank {rank} {names[id(p)]}: {s}")
                 checked += 1
+    for schedule in ("GPipe", "1F1B"):
+        model = build()
+        names = {id(p): n for n, p in model.named_parameters()}
+        part = split(model.as_sequential(), 2)[pp]
+        stage = PipelineStage(DistributedDataParallel(part, process_group=mesh.group("dp")), pp, 2,
+                              group=mesh.group("pp"))
+        runner = PipelineRunner(stage, schedule, 3, loss_fn=lm_loss)
+        runner.step(xs if pp == 0 else None, ys if pp == 1 else None)
+        for p in part.parameters():
+            torch.testing.assert_close(p.grad, ref_grads[names[id(p)]], rtol=RTOL, atol=ATOL,
+                                       msg=lambda s: f"DDP {schedule} rank {rank} {names[id(p)]}: {s}")
+            checked += 1
+    with pytest.raises(ValueError, match="DDP/ZeRO do not support"):
+        PipelineRunner(stage, "ZBH1", 2, loss_fn=lm_loss)
     return checked
 
 

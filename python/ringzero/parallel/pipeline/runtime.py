@@ -77,6 +77,15 @@ class PipelineRunner:
         self.loss_fn, self.optimizer, self.grad_sync = loss_fn, optimizer, grad_sync
         self.timeout = datetime.timedelta(seconds=timeout_s or float(os.environ.get("RINGZERO_TIMEOUT_S", 300)))
         if plan.split_backward:
+            from ..ddp import DistributedDataParallel
+            from ..zero import ZeroDataParallel
+
+            if any(isinstance(s.module, (DistributedDataParallel, ZeroDataParallel)) for s in stages):
+                # W writes Linear weight gradients outside autograd, so the wrappers' reduction hooks
+                # would never see them: refuse rather than reduce a partial gradient.
+                raise ValueError(f"plan {plan.name} splits the backward into I and W, which ringzero DDP/ZeRO "
+                                 "do not support yet: use GPipe or 1F1B with a wrapped stage, or pass an "
+                                 "unwrapped stage and reduce gradients in grad_sync")
             for s in stages:
                 s.enable_split_backward()
         self.timeline: list[tuple[Action, float, float]] = []
