@@ -2,7 +2,9 @@
 its half of the global batch, then the runner's grad_sync averages each stage's gradients across its
 data-parallel replicas with ringzero.all_reduce (AVG) over mesh.group("dp"). Then GPipe and 1F1B with
 each stage wrapped in ringzero DistributedDataParallel over mesh.group("dp") (it averages during every
-microbatch's backward), and the refusal of a zero-bubble plan on a wrapped stage.
+microbatch's backward), GPipe and 1F1B with each stage wrapped in ZeroDataParallel stage 1 and 2 (one
+SGD step compared, since gradients live in float32 master shards), and the refusal of a zero-bubble plan
+on a wrapped stage.
 
 Reference: the unsplit GPT in one process on the whole global batch (float64, same loss), as in
 test_pipeline_parity.py; tolerance rtol=1e-9, atol=1e-12. The average of the replicas' losses must equal
@@ -13,7 +15,7 @@ import torch
 
 import ringzero
 from harness import run_ranks
-from ringzero.parallel import DistributedDataParallel, Mesh
+from ringzero.parallel import DistributedDataParallel, Mesh, ZeroDataParallel
 from ringzero.parallel.pipeline import PipelineRunner, PipelineStage, split
 from test_pipeline_parity import ATOL, RTOL, SCHEDULES, build, lm_loss
 
@@ -67,6 +69,24 @@ def mesh_cases(rank, world):
             torch.testing.assert_close(p.grad, ref_grads[names[id(p)]], rtol=RTOL, atol=ATOL,
                                        msg=lambda s: f"DDP {schedule} rank {rank} {names[id(p)]}: {s}")
             checked += 1
+    # ZeRO-1 and ZeRO-2 per stage: gradients land in float32 master shards, so compare one SGD step
+    # (lr=1: parameter - gradient) after the wrapper gathers the updated shards (float32 tolerance).
+    ref_after = {n: p.detach() - ref_grads[n] for n, p in ref.named_parameters()}
+    for zero_stage in (1, 2):
+        for schedule in ("GPipe", "1F1B"):
+            model = build()
+            names = {id(p): n for n, p in model.named_parameters()}
+            part = split(model.as_sequential(), 2)[pp]
+            wrapped = ZeroDataParallel(part, stage=zero_stage, process_group=mesh.group("dp"))
+            opt = torch.optim.SGD(wrapped.parameters(), lr=1.0)
+            runner = PipelineRunner(PipelineStage(wrapped, pp, 2, group=mesh.group("pp")), schedule, 3,
+                                    loss_fn=lm_loss, optimizer=opt)
+            runner.step(xs if pp == 0 else None, ys if pp == 1 else None)
+            wrapped.gather_params()
+            for p in part.parameters():
+                torch.testing.assert_close(p.detach().double(), ref_after[names[id(p)]], rtol=1e-5, atol=1e-6,
+                                           msg=lambda s: f"ZeRO-{zero_stage} {schedule} rank {rank} {names[id(p)]}: {s}")
+                checked += 1
     with pytest.raises(ValueError, match="DDP/ZeRO do not support"):
         PipelineRunner(stage, "ZBH1", 2, loss_fn=lm_loss)
     return checked

@@ -58,10 +58,13 @@ class PipelineStage:
         device (no compute, no memory) and cached per input shape."""
         key = (tuple(shape), dtype)
         if key not in self._shape_cache:
+            # A DDP/ZeRO wrapper exposes its flat master shards as parameters; shapes come from the module it
+            # wraps (whose parameters keep their shapes even while ZeRO-3 has freed their storage).
+            inner = self.module.module if isinstance(getattr(self.module, "module", None), torch.nn.Module) else self.module
             state = {n: torch.empty_like(t, device="meta") for n, t in
-                     list(self.module.named_parameters()) + list(self.module.named_buffers())}
+                     list(inner.named_parameters()) + list(inner.named_buffers())}
             with torch.no_grad():
-                out = torch.func.functional_call(self.module, state, (torch.empty(shape, dtype=dtype, device="meta"),))
+                out = torch.func.functional_call(inner, state, (torch.empty(shape, dtype=dtype, device="meta"),))
             if not isinstance(out, torch.Tensor):
                 raise TypeError(f"stage {self.index} must return one tensor, returned {type(out).__name__}")
             self._shape_cache[key] = (tuple(out.shape), out.dtype)
