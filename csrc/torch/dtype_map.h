@@ -1,5 +1,5 @@
 // torch dtype -> core DType (layer 4). One table for every torch-facing file; module.cpp's to_dtype
-// is the same mapping with an error for the dtypes outside it.
+// adds the error for the dtypes outside it.
 #pragma once
 #include <c10/core/ScalarType.h>
 

@@ -4,6 +4,7 @@
 #include <torch/extension.h>
 
 #include "core/errors.h"
+#include "dtype_map.h"
 #include "core/reduce.h"
 #include "core/shm_comm.h"
 
@@ -16,20 +17,11 @@ void bind_cuda(py::module_& m);  // cuda_bindings.cpp
 namespace {
 
 DType to_dtype(const at::Tensor& t, const char* arg) {
-  switch (t.scalar_type()) {
-    case at::kFloat: return DType::F32;
-    case at::kDouble: return DType::F64;
-    case at::kBFloat16: return DType::BF16;
-    case at::kHalf: return DType::F16;
-    case at::kChar: return DType::I8;
-    case at::kByte: return DType::U8;
-    case at::kInt: return DType::I32;
-    case at::kLong: return DType::I64;
-    default:
-      TORCH_CHECK_TYPE(false, arg, " has dtype ", t.scalar_type(),
-                       ", which ringzero does not reduce; use float32, float64, bfloat16, float16, int8, uint8, "
-                       "int32 or int64");
-  }
+  const std::optional<DType> d = core_dtype(t.scalar_type());
+  TORCH_CHECK_TYPE(d.has_value(), arg, " has dtype ", t.scalar_type(),
+                   ", which ringzero does not reduce; use float32, float64, bfloat16, float16, int8, uint8, "
+                   "int32 or int64");
+  return *d;
 }
 
 void check_cpu(const at::Tensor& t, const char* arg) {
