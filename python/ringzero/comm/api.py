@@ -72,9 +72,15 @@ def _check_tensor(t, arg: str, op: str, cuda_kernel: bool = False):
         raise ValueError(f"ringzero.{op}: {arg} must be contiguous; pass {arg}.contiguous()")
 
 
-def _check_same_device(out, inp, op: str):
+def _check_pair(out, out_arg: str, inp, inp_arg: str, op: str):
+    """Both tensors valid, of one dtype and on one device."""
+    _check_tensor(out, out_arg, op, cuda_kernel=op != "all_gather_v")
+    _check_tensor(inp, inp_arg, op, cuda_kernel=op != "all_gather_v")
+    if inp.dtype != out.dtype:
+        raise TypeError(f"ringzero.{op}: {out_arg} dtype {out.dtype} differs from {inp_arg} dtype {inp.dtype}")
     if out.device != inp.device:
-        raise ValueError(f"ringzero.{op}: output is on {out.device} but input is on {inp.device}; put both on one device")
+        raise ValueError(f"ringzero.{op}: {out_arg} is on {out.device} but {inp_arg} is on {inp.device}; put both on "
+                         "one device")
 
 
 def _group_rank_of(comm, global_rank, group_rank, arg: str, op: str) -> int:
@@ -109,15 +115,11 @@ def reduce_scatter_single(output: torch.Tensor, input: torch.Tensor, op=ReduceOp
     """output (numel k) on group rank r receives block r (elements [r*k, (r+1)*k)) of `input`
     (numel world*k) reduced across ranks. `input` is not modified."""
     op_ = to_reduce_op(op)
-    _check_tensor(output, "output", "reduce_scatter_single", cuda_kernel=True)
-    _check_tensor(input, "input", "reduce_scatter_single", cuda_kernel=True)
-    _check_same_device(output, input, "reduce_scatter_single")
+    _check_pair(output, "output", input, "input", "reduce_scatter_single")
     comm = _comm(group, "reduce_scatter_single")
     if comm is None:
         return None
     world = comm.world
-    if input.dtype != output.dtype:
-        raise TypeError(f"ringzero.reduce_scatter_single: output dtype {output.dtype} differs from input dtype {input.dtype}")
     if input.numel() != world * output.numel():
         raise ValueError(
             f"ringzero.reduce_scatter_single: input has {input.numel()} elements but must have "
@@ -131,17 +133,10 @@ def reduce_scatter_single(output: torch.Tensor, input: torch.Tensor, op=ReduceOp
 
 def all_gather_single(output_tensor: torch.Tensor, input_tensor: torch.Tensor, group=None, async_op: bool = False):
     """output_tensor (numel world*k) receives every rank's input_tensor (numel k) in rank order."""
-    _check_tensor(output_tensor, "output_tensor", "all_gather_single", cuda_kernel=True)
-    _check_tensor(input_tensor, "input_tensor", "all_gather_single", cuda_kernel=True)
-    _check_same_device(output_tensor, input_tensor, "all_gather_single")
+    _check_pair(output_tensor, "output_tensor", input_tensor, "input_tensor", "all_gather_single")
     comm = _comm(group, "all_gather_single")
     if comm is None:
         return None
-    if input_tensor.dtype != output_tensor.dtype:
-        raise TypeError(
-            f"ringzero.all_gather_single: output_tensor dtype {output_tensor.dtype} differs from "
-            f"input_tensor dtype {input_tensor.dtype}"
-        )
     if output_tensor.numel() != comm.world * input_tensor.numel():
         raise ValueError(
             f"ringzero.all_gather_single: output_tensor has {output_tensor.numel()} elements but must have "
@@ -159,9 +154,7 @@ all_gather_into_tensor = all_gather_single
 def all_gather_v(output: torch.Tensor, input: torch.Tensor, counts, group=None, async_op: bool = False):
     """Uneven all-gather: rank q contributes counts[q] elements (input.numel() == counts[rank]) and
     `output` (numel sum(counts)) receives them in rank order. Every rank must pass the same counts."""
-    _check_tensor(output, "output", "all_gather_v")
-    _check_tensor(input, "input", "all_gather_v")
-    _check_same_device(output, input, "all_gather_v")
+    _check_pair(output, "output", input, "input", "all_gather_v")
     comm = _comm(group, "all_gather_v")
     if comm is None:
         return None
@@ -172,8 +165,6 @@ def all_gather_v(output: torch.Tensor, input: torch.Tensor, counts, group=None, 
         raise TypeError(f"ringzero.all_gather_v: counts must be a sequence of ints, got {counts!r}") from None
     if len(counts) != world or any(c < 0 for c in counts):
         raise ValueError(f"ringzero.all_gather_v: counts must hold {world} non-negative ints (one per rank), got {counts}")
-    if input.dtype != output.dtype:
-        raise TypeError(f"ringzero.all_gather_v: output dtype {output.dtype} differs from input dtype {input.dtype}")
     if input.numel() != counts[rank]:
         raise ValueError(f"ringzero.all_gather_v: input has {input.numel()} elements but counts[{rank}] = {counts[rank]}")
     if output.numel() != sum(counts):
