@@ -58,3 +58,24 @@ def test_bad_layouts_are_refused_before_starting(capsys):
     assert "--batch 8 must divide among 3" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         train.main(["--strategy", "warp"])
+
+
+@pytest.mark.parametrize("nproc, layout", [
+    (2, ["--compare", "ddp,zero1,zero2,zero3,pp,pp+zero1,pp+zero2"]),
+    (3, ["--compare", "ddp,zero2,zero3,pp", "--batch", "12"]),  # odd world; 3 stages of 1, 2 and 1 blocks
+])
+def test_measured_peak_memory_is_within_15_percent_of_the_estimate(tmp_path, nproc, layout):
+    """The default model (3.3M parameters, batch 16 x 128): each rank's peak of live tensor bytes
+    (ringzero.memory, checked against torch's MemTracker in test_memory.py) against ringzero.estimate's
+    total for that rank's stage, with the run's own layout."""
+    out = tmp_path / "out"
+    assert train.main(["--nproc", str(nproc), *layout, "--steps", "3", "--val-every", "0", "--no-progress",
+                       "--out", str(out)]) == 0
+    with open(out / "results.json") as f:
+        results = json.load(f)
+    assert len(results) == len(layout[1].split(","))
+    for r in results:
+        for rank, (measured, predicted) in enumerate(zip(r["peak_mib_by_rank"], r["estimate_mib_by_rank"])):
+            print(f"{r['strategy']:<9} rank {rank}: measured {measured:6.1f} MiB, estimated {predicted:6.1f} MiB, "
+                  f"ratio {measured / predicted:.3f}")
+            assert abs(measured / predicted - 1) <= 0.15, (r["strategy"], rank, measured, predicted)

@@ -86,6 +86,7 @@ def _print_table(results: list[dict]):
     cols = [("strategy", "{:<10}", "strategy"), ("train loss", "{:>10.4f}", "final_train_loss"),
             ("val loss", "{:>9.4f}", "final_val_loss"), ("tokens/s", "{:>9.0f}", "tokens_per_s"),
             ("step ms", "{:>8.1f}", "step_ms"), ("peak MiB/rank", "{:>13.1f}", "peak_mib_per_rank"),
+            ("estimate MiB", "{:>12.1f}", "estimate_mib_per_rank"),
             ("comm s", "{:>7.2f}", "comm_s")]
     widths = [len(fmt.format(results[0][key])) for _, fmt, key in cols]
     print(" | ".join(f"{name:<{w}}" if i == 0 else f"{name:>{w}}" for i, ((name, _, _), w) in enumerate(zip(cols, widths))))

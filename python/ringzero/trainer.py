@@ -43,7 +43,7 @@ def check_layout(strategy: str, nproc: int, pp: int | None, batch: int, microbat
                          "use fewer stages or more --layers")
     if batch % dp:
         raise ValueError(f"{strategy}: --batch {batch} must divide among {dp} data-parallel replicas")
-    if stages > 1 and (batch // dp) % microbatches:
+    if strategy.startswith("pp") and (batch // dp) % microbatches:
         raise ValueError(f"{strategy}: the per-replica batch {batch // dp} must divide into --microbatches {microbatches}")
 
 
@@ -122,8 +122,16 @@ class DataParallelRun:
 
     @torch.no_grad()
     def val_loss(self, batches) -> float:
-        losses = [lm_loss(self.model(x), y).item() for x, y in batches]
-        return sum(losses) / len(losses)
+        """Each rank evaluates its slice of every batch (the training micro-batch, so validation never
+        needs more memory than a step); the mean over equal slices is the batch mean."""
+        losses = []
+        for x, y in batches:
+            per = x.shape[0] // self.world
+            sl = slice(self.rank * per, (self.rank + 1) * per)
+            losses.append(lm_loss(self.model(x[sl]), y[sl]).item())
+        out = torch.tensor([sum(losses) / len(losses)], dtype=torch.float64)
+        ringzero.all_reduce(out, op=ringzero.ReduceOp.AVG)
+        return out.item()
 
     def checkpoint_objects(self):
         return self.model, self.opt
@@ -139,11 +147,16 @@ class PipelineRun:
 
         stages = pipeline_stages(strategy, dist.get_world_size(), args.pp)
         self.mesh = Mesh(pp=stages)
-        self.full_model = model
-        self.parts = split(model.as_sequential(), stages, by="params")
+        parts = split(model.as_sequential(), stages, by="params")
+        self.layers_per_stage = [sum(isinstance(m, Block) for m in part) for part in parts]
         self.index = self.mesh.index("pp")
         self.stages = stages
-        module = self.parts[self.index]
+        # A rank keeps only its own stage's weights; the other stages live on their ranks.
+        for i, part in enumerate(parts):
+            if i != self.index:
+                for p in part.parameters():
+                    p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+        module = parts[self.index]
         if strategy != "pp":
             module = ZeroDataParallel(module, stage=int(strategy[-1]), process_group=self.mesh.group("dp"))
         self.module = module
@@ -158,7 +171,7 @@ class PipelineRun:
         grads = [p.grad for p in self.module.parameters() if p.grad is not None]
         sq = torch.zeros(1, dtype=torch.float64)
         for g in grads:
-            sq += g.double().pow(2).sum()
+            sq += torch.linalg.vector_norm(g, dtype=torch.float64).square()
         ringzero.all_reduce(sq)
         if not isinstance(self.module, torch.nn.Sequential):
             pass  # ZeRO shards: disjoint across dp too, summed above
@@ -184,30 +197,90 @@ class PipelineRun:
         ringzero.all_reduce(out)
         return out.item() / dp
 
-    def _sync_full_model(self):
-        """Every rank gets every stage's trained parameters (broadcast from the stage's first replica)."""
-        dp = self.mesh.size("dp")
-        for s, part in enumerate(self.parts):
-            for p in part.parameters():
-                ringzero.broadcast(p.data, src=s * dp)
-
     @torch.no_grad()
     def val_loss(self, batches) -> float:
-        self._sync_full_model()
-        losses = [lm_loss(self.full_model(x), y).item() for x, y in batches]
-        return sum(losses) / len(losses)
+        """Forward only, stage to stage: each stage receives its input from the previous stage's rank of
+        the same data-parallel replica, the last one computes the loss. Each replica takes its slice of
+        every batch, in training-sized micro-batches."""
+        group = self.mesh.group("pp")
+        prev = dist.get_global_rank(group, self.index - 1) if self.index > 0 else None
+        nxt = dist.get_global_rank(group, self.index + 1) if not self.is_last else None
+        dp, dpi = self.mesh.size("dp"), self.mesh.index("dp")
+        losses = []
+        for xb, yb in batches:
+            per = xb.shape[0] // dp
+            micro = per // self.args.microbatches  # the training micro-batch: no more memory than a step
+            for k in range(self.args.microbatches):
+                sl = slice(dpi * per + k * micro, dpi * per + (k + 1) * micro)
+                x, y = xb[sl], yb[sl]
+                if prev is None:
+                    h = x
+                else:
+                    h = torch.empty(*x.shape, self.args.d_model, dtype=torch.float32)
+                    dist.recv(h, src=prev, group=group)
+                out = self.module(h)
+                if nxt is not None:
+                    dist.send(out.contiguous(), dst=nxt, group=group)
+                else:
+                    losses.append(lm_loss(out, y).item())
+        total = torch.tensor([sum(losses) / len(losses) if losses else 0.0], dtype=torch.float64)
+        ringzero.all_reduce(total)
+        return total.item() / dp
 
     def checkpoint_objects(self):
         return None, None
 
 
 def train_rank(args, strategy: str) -> dict:
-    """Trains on this rank; returns the run's summary (meaningful on rank 0)."""
-    rank, world = dist.get_rank(), dist.get_world_size()
+    """Trains on this rank; returns the run's summary (meaningful on rank 0). Peak memory per rank is
+    counted twice: the tensor bytes alive at the peak (ringzero.memory; what the estimator predicts and
+    what torch.cuda.max_memory_allocated reports on a GPU) and the resident set above the process's
+    start (which adds the allocator's slack, the staging segment, the corpus and torch's own buffers)."""
+    from .memory import TensorMemoryMeter
+
     rss0 = _rss_bytes()
+    with TensorMemoryMeter() as meter:
+        summary, run = _train(args, strategy)
+    rss_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss0
+    stats = torch.tensor([meter.peak_bytes(args.device), rss_peak], dtype=torch.float64)
+    world = dist.get_world_size()
+    table = torch.empty(world * 2, dtype=torch.float64)
+    ringzero.all_gather_single(table, stats)
+    table = table.view(world, 2) / 2**20
+    summary.update(peak_mib_per_rank=float(table[:, 0].max()), peak_mib_by_rank=table[:, 0].tolist(),
+                   rss_mib_per_rank=float(table[:, 1].max()))
+    summary.update(estimate_for_run(args, strategy, world, getattr(run, "layers_per_stage", None)))
+    return summary
+
+
+def estimate_for_run(args, strategy: str, world: int, layers_per_stage=None) -> dict:
+    """ringzero.estimate's prediction for this run (float32 AdamW, the same model, batch and layout):
+    the fullest rank's total, each rank's total (rank r is stage r // dp) and the terms of the fullest."""
+    from .estimate import Plan, estimate
+
+    stages = pipeline_stages(strategy, world, args.pp)
+    plan = Plan(strategy=strategy, world=world, pp=stages,
+                microbatches=args.microbatches if strategy.startswith("pp") else 1,
+                schedule="gpipe" if args.schedule == "GPipe" else "1f1b",
+                layers_per_stage=tuple(layers_per_stage) if layers_per_stage else None)
+    cfg = GPTConfig(seq_len=args.seq, n_layer=args.layers, n_head=args.heads, d_model=args.d_model)
+    e = estimate(cfg, batch=args.batch, plan=plan)
+    mib = 2**20
+    return {"estimate_mib_per_rank": e.total_bytes / mib,
+            "estimate_mib_by_rank": [e.stages[r // plan.dp].total_bytes / mib for r in range(world)],
+            "estimate_terms_mib": {"parameters": e.params_bytes / mib, "gradients": e.grads_bytes / mib,
+                                   "optimizer": e.optimizer_bytes / mib,
+                                   "activations": (e.activation_bytes or 0) / mib,
+                                   "transient": e.peak.transient_bytes / mib}}
+
+
+def _train(args, strategy: str):
+    """The run itself: returns (summary without memory figures, the strategy's run object)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(args.seed)
     cfg = GPTConfig(seq_len=args.seq, n_layer=args.layers, n_head=args.heads, d_model=args.d_model)
     model = GPT(cfg)
+    n_params = sum(p.numel() for p in model.parameters())
     if args.device == "cuda":
         model = model.cuda()
     train_data, val_data = stdlib_corpus()
@@ -259,26 +332,21 @@ def train_rank(args, strategy: str) -> dict:
     if bar is not None:
         bar.close()
 
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss0
-    stats = torch.tensor([peak, ringzero.comm_seconds() - comm0], dtype=torch.float64)
-    table = torch.empty(world * 2, dtype=torch.float64)
-    ringzero.all_gather_single(table, stats)
-    table = table.view(world, 2)
+    comm_s = torch.tensor([ringzero.comm_seconds() - comm0], dtype=torch.float64)
+    ringzero.all_reduce(comm_s, op=ringzero.ReduceOp.MAX)
     timed = step_times[1:] or step_times  # the first step includes one-time setup
     step_s = sum(timed) / max(1, len(timed))
     return {
         "strategy": strategy, "ranks": world, "steps": args.steps, "start_step": start,
-        "params": sum(p.numel() for p in model.parameters()),
+        "params": n_params,
         "corpus": corpus_info(),
         "train_losses": losses, "val_losses": vals,
         "final_train_loss": losses[-1][1] if losses else float("nan"),
         "final_val_loss": vals[-1][1] if vals else float("nan"),
         "initial_val_loss": initial_val,
         "step_ms": step_s * 1e3, "tokens_per_s": args.batch * args.seq / step_s,
-        "peak_mib_per_rank": float(table[:, 0].max()) / 2**20,
-        "peak_mib_by_rank": [float(v) / 2**20 for v in table[:, 0]],
-        "comm_s": float(table[:, 1].max()),
-    }
+        "comm_s": float(comm_s),
+    }, run
 
 
 def plot_compare(results: list[dict], path: str) -> str:
@@ -299,8 +367,14 @@ def plot_compare(results: list[dict], path: str) -> str:
     ax_loss.set_ylabel("loss (nats/byte)")
     ax_loss.legend(fontsize=7)
     names = [r["strategy"] for r in results]
-    ax_mem.bar(names, [r["peak_mib_per_rank"] for r in results], color="tab:orange")
-    ax_mem.set_ylabel("peak MiB per rank (above process baseline)")
+    pos = range(len(names))
+    ax_mem.bar([i - 0.2 for i in pos], [r["peak_mib_per_rank"] for r in results], width=0.4, color="tab:orange",
+               label="measured (live tensors)")
+    ax_mem.bar([i + 0.2 for i in pos], [r["estimate_mib_per_rank"] for r in results], width=0.4, color="tab:gray",
+               label="ringzero.estimate")
+    ax_mem.set_xticks(list(pos), names)
+    ax_mem.set_ylabel("peak MiB, fullest rank")
+    ax_mem.legend(fontsize=7)
     ax_tok.bar(names, [r["tokens_per_s"] for r in results], color="tab:green")
     ax_tok.set_ylabel("tokens/s")
     fig.suptitle(f"ringzero train: {results[0]['ranks']} ranks, {results[0]['steps']} steps, "

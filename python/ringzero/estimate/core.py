@@ -126,12 +126,19 @@ def _shard(count: int, ways: int) -> int:
     return -(-count // ways)  # ceil: a flat shard is padded to equal size on every rank
 
 
-def _stage_params(shape: ModelShape | None, n_params: int, pp: int) -> tuple[list, list]:
+def _stage_params(shape: ModelShape | None, n_params: int, plan: Plan) -> tuple[list, list]:
     """(blocks per stage or Nones, parameters per stage). The embedding sits on the first stage and the
     head on the last; a tied table is held by both when they differ (as Megatron does)."""
+    pp = plan.pp
     if shape is None:
         return [None] * pp, [_shard(n_params, pp)] * pp
-    layers = split_layers(shape.n_layer, pp)
+    if plan.layers_per_stage is None:
+        layers = split_layers(shape.n_layer, pp)
+    else:
+        layers = list(plan.layers_per_stage)
+        if sum(layers) != shape.n_layer:
+            raise ValueError(f"layers_per_stage={plan.layers_per_stage} places {sum(layers)} blocks; the model has "
+                             f"{shape.n_layer}")
     params = [n * shape.layer_params() for n in layers]
     params[0] += shape.embedding_params()
     params[-1] += shape.head_params()
@@ -161,14 +168,32 @@ def _micro_batch(batch: int | None, plan: Plan) -> int | None:
     return batch // per_step
 
 
+def optimizer_bytes_per_param(precision: Precision, plan: Plan) -> int:
+    """K of the ZeRO paper for this plan: master copy plus optimizer states, bytes per parameter.
+    ZeRO-1/2 step a float32 master shard kept apart from the gathered weights even when the weights
+    are float32 (ringzero's ZeroDataParallel, like DeepSpeed's fp32 partitions), so K includes it;
+    ZeRO-3's master shard is the parameter shard itself, and DDP steps the parameters in place."""
+    if plan.zero_stage in (1, 2) and precision.master_bytes == 0:
+        return 4 + precision.optimizer_bytes
+    return precision.optimizer_bytes
+
+
 def _stage_memory(stage: int, layers, params: int, shape, micro, precision: Precision, plan: Plan) -> StageMemory:
     z, dp = plan.zero_stage, plan.dp
     st = StageMemory(
         stage=stage, layers=layers, params=params,
         param_bytes=_shard(params, dp if z >= 3 else 1) * precision.param_bytes,
         grad_bytes=_shard(params, dp if z >= 2 else 1) * precision.grad_bytes,
-        optimizer_bytes=_shard(params, dp if z >= 1 else 1) * precision.optimizer_bytes,
+        optimizer_bytes=_shard(params, dp if z >= 1 else 1) * optimizer_bytes_per_param(precision, plan),
         activation_bytes=None)
+    if z == 1:
+        # The optimizer steps the master shard with a float32 copy of its gradient, made at the first
+        # reduction of the step (so held across later micro-batches); the paper's figure leaves it out.
+        st.transient_terms["ZeRO-1 float32 gradient of the master shard"] = _shard(params, dp) * 4
+    if z == 2:
+        # Backward fills an unsharded bucket before reduce-scattering it, while activations are still held.
+        st.transient_terms["ZeRO-2 gradient bucket being filled (unsharded)"] = min(
+            plan.bucket_bytes, params * precision.grad_bytes)
     if z >= 3 and shape is not None:
         unit = max(shape.layer_params(), shape.embedding_params(), shape.head_params())
         st.transient_terms["ZeRO-3 gathered unit (parameters and unsharded gradients)"] = (
@@ -184,6 +209,17 @@ def _stage_memory(stage: int, layers, params: int, shape, micro, precision: Prec
     if stage == last:
         terms["final norm, head and loss (float32 logits)"] = flight * shape.head_activation_bytes(micro, e)
     st.activation_terms, st.activation_bytes = terms, sum(terms.values())
+    if plan.pp > 1:
+        # ringzero's pipeline runtime waits for its sends at the end of the step: every message sent in
+        # the step (a micro-batch's stage output forward, its input gradient backward) stays allocated.
+        message = micro * shape.seq_len * shape.d_model * e
+        if stage < last:
+            st.transient_terms["stage outputs sent forward, until the step's sends complete"] = plan.microbatches * message
+        if stage > 0:
+            st.transient_terms["input gradients sent back, until the step's sends complete"] = plan.microbatches * message
+    if layers:
+        st.transient_terms["backward through one block (gradients in flight)"] = shape.backward_working_bytes(
+            micro, e)
     if plan.recompute != "none" and layers:
         st.transient_terms[f"one block recomputed ({plan.recompute})"] = shape.layer_recompute_peak_bytes(
             micro, e, plan.recompute)
@@ -242,7 +278,7 @@ def estimate(model, batch: int | None = None, precision: Precision | None = None
     if shape is None and plan.pp > 1 and n_params < plan.pp:
         raise ValueError(f"--params {n_params} cannot be split over pp={plan.pp} stages")
     micro = _micro_batch(batch, plan)
-    layers, stage_params = _stage_params(shape, n_params, plan.pp)
+    layers, stage_params = _stage_params(shape, n_params, plan)
     stages = [_stage_memory(i, layers[i], stage_params[i], shape, micro, precision, plan) for i in range(plan.pp)]
     rows, notes = _collectives(shape, stage_params, micro, precision, plan)
     collectives = []

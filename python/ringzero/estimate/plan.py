@@ -103,6 +103,9 @@ class Plan:
     """Activation recomputation: none, selective (the paper's: the attention s^2 part), full (per block)."""
     bucket_bytes: int = 25 * 2**20
     """Gradient bucket of DDP/ZeRO-1/2 reductions (torch DDP's default 25 MiB): sets the call count."""
+    layers_per_stage: tuple | None = None
+    """Blocks on each pipeline stage, first to last (None: as even as possible, earlier stages taking
+    the extra). ringzero's split(by='params') may place them otherwise; pass its counts to compare."""
 
     def __post_init__(self):
         if self.strategy not in STRATEGIES:
@@ -117,6 +120,11 @@ class Plan:
                              f"pp+zero1 or pp+zero2, or --pp 1")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule={self.schedule!r}: use one of {SCHEDULES}")
+        if self.layers_per_stage is not None:
+            lps = tuple(self.layers_per_stage)
+            if len(lps) != self.pp or any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in lps):
+                raise ValueError(f"layers_per_stage={self.layers_per_stage!r}: give pp={self.pp} block counts >= 0")
+            object.__setattr__(self, "layers_per_stage", lps)
         if self.recompute not in RECOMPUTE_KINDS:
             raise ValueError(f"recompute={self.recompute!r}: use one of {RECOMPUTE_KINDS}")
 

@@ -1,7 +1,7 @@
 """Plain-text tables of an Estimate: memory per GPU, communication per step, collective times."""
 from __future__ import annotations
 
-from .core import Estimate
+from .core import Estimate, optimizer_bytes_per_param
 from .network import ALGORITHMS
 
 
@@ -41,7 +41,7 @@ def memory_lines(est: Estimate) -> list[str]:
              f"  {'term':<44} {'B/param':>7}  {'parameters held':<20} {'bytes':>11}"]
     for name, per, sharded, nbytes in (("parameters", prec.param_bytes, z >= 3, st.param_bytes),
                                        ("gradients", prec.grad_bytes, z >= 2, st.grad_bytes),
-                                       ("optimizer state (master copy and moments)", prec.optimizer_bytes, z >= 1,
+                                       ("optimizer state (master copy and moments)", optimizer_bytes_per_param(prec, plan), z >= 1,
                                         st.optimizer_bytes)):
         lines.append(f"  {name:<44} {per:>7}  {held(sharded):<20} {fmt_bytes(nbytes):>11}")
     width = 75

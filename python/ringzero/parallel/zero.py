@@ -206,7 +206,8 @@ class ZeroDataParallel(nn.Module):
         sq = torch.zeros(1, dtype=torch.float64)
         for g in self.groups:
             if g.master.grad is not None:
-                sq += g.master.grad.double().pow(2).sum().cpu()
+                # Accumulates in float64 without a float64 copy of the shard (no transient memory).
+                sq += torch.linalg.vector_norm(g.master.grad, dtype=torch.float64).square().cpu()
         comm.all_reduce(sq, op=ReduceOp.SUM, group=self.group)
         total = sq.sqrt().float()[0]
         coef = float(max_norm) / (float(total) + 1e-6)
