@@ -77,10 +77,17 @@ class TensorMemoryMeter(TorchDispatchMode):
                                 "modules or optimizers")
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        subclasses = [t for t in types if t is not torch.Tensor and t is not torch.nn.Parameter]
+        if any(getattr(t, "__name__", "") == "DTensor" for t in subclasses):
+            # FSDP2's DTensor holds no storage of its own: it runs its local ops on plain tensors, which
+            # come back through this mode and are counted.
+            return NotImplemented
         out = func(*args, **(kwargs or {}))
+        if subclasses:
+            return out  # other subclasses (fake tensors of DTensor's sharding propagation): no memory
         flat, _ = tree_flatten(out)
         for t in flat:
-            if isinstance(t, torch.Tensor) and t.device.type != "meta":
+            if type(t) in (torch.Tensor, torch.nn.Parameter) and t.device.type != "meta":
                 self._see(t.untyped_storage())
         return out
 

@@ -178,6 +178,9 @@ def optimizer_bytes_per_param(precision: Precision, plan: Plan) -> int:
     return precision.optimizer_bytes
 
 
+WORKING_TERM = "backward through one block (gradients in flight)"
+
+
 def _stage_memory(stage: int, layers, params: int, shape, micro, precision: Precision, plan: Plan) -> StageMemory:
     z, dp = plan.zero_stage, plan.dp
     st = StageMemory(
@@ -190,17 +193,28 @@ def _stage_memory(stage: int, layers, params: int, shape, micro, precision: Prec
         # The optimizer steps the master shard with a float32 copy of its gradient, made at the first
         # reduction of the step (so held across later micro-batches); the paper's figure leaves it out.
         st.transient_terms["ZeRO-1 float32 gradient of the master shard"] = _shard(params, dp) * 4
-    if z == 2:
-        # Backward fills an unsharded bucket before reduce-scattering it, while activations are still held.
-        st.transient_terms["ZeRO-2 gradient bucket being filled (unsharded)"] = min(
-            plan.bucket_bytes, params * precision.grad_bytes)
     if z >= 3 and shape is not None:
         unit = max(shape.layer_params(), shape.embedding_params(), shape.head_params())
-        st.transient_terms["ZeRO-3 gathered unit (parameters and unsharded gradients)"] = (
-            unit * (precision.param_bytes + precision.grad_bytes))
-    if shape is None or micro is None:
-        st.transient_bytes = sum(st.transient_terms.values())
-        return st
+        st.transient_terms["ZeRO-3 gathered units (the one in use and the prefetched next)"] = (
+            2 * unit * precision.param_bytes)
+    if shape is not None and micro is not None:
+        _add_activations(st, stage, layers, shape, micro, precision, plan)
+    if z == 2:
+        # A bucket's gradients wait unsharded until the bucket is complete, then move to a flat buffer for
+        # the reduce-scatter: twice the bucket at the end of a micro-batch's backward, when that
+        # micro-batch's activations (not those of the others in flight) are freed; counted only where
+        # that exceeds what the backward held at its start.
+        bucket_end = 2 * min(plan.bucket_bytes, params * precision.grad_bytes)
+        freed = (st.activation_bytes or 0) // _in_flight(plan, stage) + st.transient_terms.get(WORKING_TERM, 0)
+        st.transient_terms["ZeRO-2 bucket at the end of a backward, beyond the activations freed"] = max(
+            0, bucket_end - freed)
+    st.transient_bytes = sum(st.transient_terms.values())
+    return st
+
+
+def _add_activations(st: StageMemory, stage: int, layers: int, shape, micro: int, precision: Precision,
+                     plan: Plan):
+    """Activations kept for backward, and the buffers that live beside them at backward's start."""
     e, flight, last = precision.act_bytes, _in_flight(plan, stage), plan.pp - 1
     terms = {f"{layers} blocks x {flight} micro-batches": layers * flight * shape.layer_activation_bytes(
         micro, e, plan.recompute)}
@@ -218,13 +232,10 @@ def _stage_memory(stage: int, layers, params: int, shape, micro, precision: Prec
         if stage > 0:
             st.transient_terms["input gradients sent back, until the step's sends complete"] = plan.microbatches * message
     if layers:
-        st.transient_terms["backward through one block (gradients in flight)"] = shape.backward_working_bytes(
-            micro, e)
+        st.transient_terms[WORKING_TERM] = shape.backward_working_bytes(micro, e)
     if plan.recompute != "none" and layers:
         st.transient_terms[f"one block recomputed ({plan.recompute})"] = shape.layer_recompute_peak_bytes(
             micro, e, plan.recompute)
-    st.transient_bytes = sum(st.transient_terms.values())
-    return st
 
 
 def _collectives(shape, stage_params, micro, precision: Precision, plan: Plan) -> tuple[list, list]:

@@ -164,14 +164,23 @@ class ZeroDataParallel(nn.Module):
     # ---- backward ------------------------------------------------------------------------------
     def _on_grad(self, i: int, p: nn.Parameter, group_done: bool):
         g = self._reduce_order[i]
-        if self.stage > 1 and g.grad_flat is None:
-            # Stages 2-3 keep one full gradient buffer at a time: the reductions launched before
-            # overlapped with the backward computed since; finishing them here frees their buffers
-            # before this group allocates its own (FSDP2 on CPU is as tight: its reductions are inline).
-            self._finish_pending()
-        g.copy_grad_in(p, p.grad)
+        if self.stage == 1:
+            g.copy_grad_in(p, p.grad)  # stage 1's flat buffer lives across steps: copy as soon as ready
+        elif group_done:
+            self._flatten_grads(g)
         if group_done and self.stage == 3 and g is not self.root:
             self.units.after_backward(g)
+
+    def _flatten_grads(self, g):
+        """Stages 2-3: a group's gradients wait in param.grad until the group has them all, and only then
+        move into its flat buffer. Allocating the buffer at the group's first gradient would add a whole
+        unit's gradients at the start of its backward, while all activations are still alive (the step's
+        peak); by the group's end its own activations are freed. Reductions launched before overlapped
+        with the backward since; finishing them first keeps one flat buffer alive at a time (FSDP2 on CPU
+        is as tight: its reductions are inline). A parameter without a gradient counts as zeros."""
+        self._finish_pending()
+        for q in g.layout.params:
+            g.copy_grad_in(q, q.grad)
 
     def _launch(self, i: int):
         self._reduce_order[i].reduce_async()
@@ -184,8 +193,11 @@ class ZeroDataParallel(nn.Module):
 
     def _on_missing(self, i: int, params):
         g = self._reduce_order[i]
-        for p in params:
-            g.copy_grad_in(p, None)
+        if self.stage == 1:
+            for p in params:
+                g.copy_grad_in(p, None)
+        else:
+            self._flatten_grads(g)  # the group's other gradients are still waiting in param.grad
         if self.stage == 3 and g is not self.root:
             self.units.after_backward(g)
 
