@@ -14,6 +14,10 @@ with glibc told to return every allocation of 64 KiB or more to the OS (so RSS f
 after one plain step of a throwaway model has made the shared code pages and thread pools resident.
 ringzero's shared-memory staging segment (RINGZERO_SHM_BUFFER_BYTES x 2 per rank, shared by the ranks)
 is resident in every rank's RSS; "shm seg" shows it and "by share" counts each rank's share only.
+Tensor MiB: the most tensor bytes alive at once (ringzero.memory.TensorMemoryMeter, counting every
+storage from allocation to release, what torch.cuda.max_memory_allocated counts on a GPU), in a second
+pass after the timed one: the model built and wrapped under the meter, two steps (the second has the
+optimizer state). It leaves out what is not a tensor (the staging segment, allocator slack).
 For ringzero ZeRO the bytes of params + grads + optimizer state (model.memory_bytes, after backward)
 are printed beside the ZeRO paper's formula with this run's 4-byte parameters and gradients.
 """
@@ -135,6 +139,7 @@ def run(rank, world, method, steps, warmup, batch):
         cpu.append(time.process_time() - c0)
     peak_kib = _rss_kib("VmHWM")
     seg_rss, seg_pss = _shm_segment_kib()
+    tensor_peak = _tensor_peak(method, world, cfg, x, y)
     slowest = torch.tensor(times[warmup:], dtype=torch.float64)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     cpu_s = torch.tensor(cpu[warmup:], dtype=torch.float64)
@@ -143,7 +148,22 @@ def run(rank, world, method, steps, warmup, batch):
     # "peak by share" counts each rank's share of it only (as Pss does).
     return {"step_s": statistics.median(slowest.tolist()), "cpu_s": statistics.median(cpu_s.tolist()), "peak_mib": (peak_kib - base_kib) / 1024,
             "seg_mib": seg_rss / 1024, "shared_peak_mib": (peak_kib - base_kib - seg_rss + seg_pss) / 1024,
-            "numel": numel, "accounted": accounted}
+            "numel": numel, "accounted": accounted, "tensor_mib": tensor_peak / MIB}
+
+
+def _tensor_peak(method, world, cfg, x, y) -> int:
+    """Peak live tensor bytes of building, wrapping and two steps of a fresh model."""
+    from ringzero.memory import TensorMemoryMeter
+    from ringzero.models import GPT, lm_loss
+    with TensorMemoryMeter() as meter:
+        torch.manual_seed(0)
+        model, opt = build(method, GPT(cfg), world)
+        for _ in range(2):
+            lm_loss(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+        del model, opt
+    return meter.peak_bytes()
 
 
 def main():
@@ -161,7 +181,8 @@ def main():
           f"load average {os.getloadavg()[0]:.1f} at start")
     print(f"{'world':>5} {'method':<22} {'step ms':>9} {'vs torch-ddp':>12} {'vs fsdp2':>9} {'cpu ms':>8} "
           f"{'vs ddp':>7} {'vs fsdp2':>8} {'peak MiB':>9} "
-          f"{'vs fsdp2':>9} {'shm seg':>7} {'by share':>8} {'vs fsdp2':>9} {'accounted MiB':>13} {'formula MiB':>11} "
+          f"{'vs fsdp2':>9} {'shm seg':>7} {'by share':>8} {'vs fsdp2':>9} {'tensor MiB':>10} {'vs fsdp2':>9} "
+          f"{'accounted MiB':>13} {'formula MiB':>11} "
           f"{'ratio':>6}")
     for world in args.worlds:
         rounds = {m: [] for m in args.methods}
@@ -175,7 +196,7 @@ def main():
             # each rank's largest peak over the rounds.
             best = min(runs, key=lambda rs: rs[0]["step_s"])
             res[method] = [dict(best[r], **{k: max(run[r][k] for run in runs)
-                                            for k in ("peak_mib", "seg_mib", "shared_peak_mib")})
+                                            for k in ("peak_mib", "seg_mib", "shared_peak_mib", "tensor_mib")})
                            for r in range(world)]
         for method in args.methods:
             rs = res[method]
@@ -190,12 +211,15 @@ def main():
             seg = max(r["seg_mib"] for r in rs)
             shared = max(r["shared_peak_mib"] for r in rs)
             fsdp_shared = max(r["shared_peak_mib"] for r in fsdp) if fsdp else None
+            tensor = max(r["tensor_mib"] for r in rs)
+            fsdp_tensor = max(r["tensor_mib"] for r in fsdp) if fsdp else None
             line = (f"{world:>5} {method:<22} {step * 1e3:>9.1f} {step / ddp if ddp else float('nan'):>12.2f} "
                     f"{step / fsdp[0]['step_s'] if fsdp else float('nan'):>9.2f} {cpu * 1e3:>8.0f} "
                     f"{cpu / ddp_cpu if ddp_cpu else float('nan'):>7.2f} "
                     f"{cpu / cpu_of['torch-fsdp2'] if fsdp else float('nan'):>8.2f} {peak:>9.1f} "
                     f"{peak / fsdp_peak if fsdp_peak else float('nan'):>9.2f} {seg:>7.1f} {shared:>8.1f} "
-                    f"{shared / fsdp_shared if fsdp_shared else float('nan'):>9.2f}")
+                    f"{shared / fsdp_shared if fsdp_shared else float('nan'):>9.2f} {tensor:>10.1f} "
+                    f"{tensor / fsdp_tensor if fsdp_tensor else float('nan'):>9.2f}")
             if acc is not None:
                 stage = int(method[-1])
                 formula = zero_memory_formula(stage, rs[0]["numel"], world, param_bytes=4, grad_bytes=4)
