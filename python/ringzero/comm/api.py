@@ -10,11 +10,10 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as _c10d
 
 from . import cuda
-from .communicator import get_communicator
+from .communicator import FAST, get_communicator
 from .types import SUPPORTED_DTYPES, ReduceOp, to_reduce_op
 from .work import Work
 
-_FAST: dict = {}  # id(group argument) -> Communicator; validated on every hit
 _SUPPORTED = frozenset(SUPPORTED_DTYPES)
 
 
@@ -38,14 +37,14 @@ def _comm(group, op: str):
     if not dist.is_initialized():
         _resolve_group(group, op)  # raises the explanatory error
     default = _c10d._world.default_pg
-    comm = _FAST.get(id(group))
+    comm = FAST.get(id(group))
     if comm is not None and (comm.group is group or (group is None and comm.group is default)):
         return comm
     g = _resolve_group(group, op)
     if dist.get_rank(g) < 0:
         return None
     comm = get_communicator(g, op)
-    _FAST[id(group)] = comm
+    FAST[id(group)] = comm
     return comm
 
 

@@ -12,6 +12,7 @@ Calls run inline, or on one worker thread per communicator when async_op=True, i
 """
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import datetime
 import os
@@ -369,6 +370,11 @@ def _rendezvous_store(group, generation: int):
 
 
 _COMMS: dict[int, Communicator] = {}
+# id(group argument) -> Communicator, the api's per-call fast path (validated on every hit). Cleared
+# with _COMMS: an entry keeps its ProcessGroup alive, and a gloo group that outlives
+# destroy_process_group still has its worker threads running when the interpreter exits (they then
+# abort the process while releasing their last Work).
+FAST: dict = {}
 _GENERATIONS: dict[int, int] = {}
 _COMMS_LOCK = threading.Lock()
 
@@ -395,9 +401,16 @@ def comm_seconds() -> float:
 
 
 def destroy_communicators():
-    """Drops every Communicator (their segments are unmapped); call after destroy_process_group."""
+    """Drops every Communicator (their segments are unmapped) and with them ringzero's references to
+    the process groups; call it beside destroy_process_group (either order). It also runs at exit."""
     with _COMMS_LOCK:
         comms = list(_COMMS.values())
         _COMMS.clear()
+        FAST.clear()
     for c in comms:
         c.close()
+
+
+# At interpreter exit, before its threads are torn down: a group that only ringzero still holds is
+# released here, so its gloo threads are joined while that is still safe.
+atexit.register(destroy_communicators)
