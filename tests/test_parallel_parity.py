@@ -167,3 +167,36 @@ def bad_arguments(rank, world):
 
 def test_bad_arguments_raise_clear_errors():
     assert run_ranks(1, bad_arguments) == [True]
+
+
+class _Skippable(torch.nn.Module):
+    """Three Linear units; forward(x, skip=True) leaves out the middle one (a data-dependent path)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.units = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(3))
+
+    def forward(self, x, skip=False):
+        for i, u in enumerate(self.units):
+            if not (skip and i == 1):
+                x = u(x)
+        return x
+
+
+def step_while_gather_in_flight(rank, world):
+    from ringzero.parallel import ZeroDataParallel
+    model = ZeroDataParallel(_Skippable(), stage=3, unit=torch.nn.Linear)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    x = torch.ones(4, 8)
+    model(x).sum().backward()          # records the unit order 0, 1, 2; leaves gradients in the shards
+    with torch.no_grad():
+        model(x, skip=True)            # unit 0 prefetches unit 1, which this forward never uses
+    opt.step()                         # changes unit 1's master while its gather is still outstanding
+    with pytest.raises(RuntimeError, match="modified in place while its all-gather was in flight"):
+        model(x)                       # before: ran silently with unit 1's weights from before the step
+    return True
+
+
+def test_optimizer_step_during_an_outstanding_gather_is_an_error_not_stale_weights():
+    assert run_ranks(2, step_while_gather_in_flight) == [True, True]

@@ -66,7 +66,13 @@ class ShardedGroup:
     def gather_async(self):
         """Starts the all-gather of the master shards (as param_dtype) into `full`. Every rank of the
         group must call it, in the same order as its other collectives."""
-        self._gather_input = self.master.detach().to(self.compute_device, self.param_dtype, copy=True)
+        master = self.master.detach()
+        if master.dtype == self.param_dtype and master.device == self.compute_device:
+            # Read in place (no copy of the shard while the gather is in flight): nothing writes the
+            # master between here and the wait, which checks that.
+            self._gather_input = master
+        else:
+            self._gather_input = master.to(self.compute_device, self.param_dtype, copy=True)
         storage = self.full.untyped_storage()
         if storage.nbytes() != self._full_bytes:
             storage.resize_(self._full_bytes)
@@ -80,16 +86,22 @@ class ShardedGroup:
         if self.state is ParamState.SHARDED:
             self.gather_async()
         if self.state is ParamState.GATHERING:
-            self._gather_work.wait()
-            self._gather_work = self._gather_input = None
+            self._wait_gather()
             self.state = ParamState.UNSHARDED
+
+    def _wait_gather(self):
+        self._gather_work.wait()
+        self._gather_work = self._gather_input = None
+        if self.master._version != self.gathered_version:
+            raise RuntimeError("ZeroDataParallel: a master shard was modified in place while its all-gather was in "
+                               "flight (an optimizer step between a forward and its backward?); step the optimizer after "
+                               "backward")
 
     def free(self):
         """Stage 3: releases the full weights (the module parameters must not be read until the next
         gather: forward and backward hooks gather before each use)."""
         if self.state is ParamState.GATHERING:
-            self._gather_work.wait()
-            self._gather_work = self._gather_input = None
+            self._wait_gather()
         self.full.untyped_storage().resize_(0)
         self.state = ParamState.SHARDED
 
