@@ -189,9 +189,10 @@ def _stage_memory(stage: int, layers, params: int, shape, micro, precision: Prec
         grad_bytes=_shard(params, dp if z >= 2 else 1) * precision.grad_bytes,
         optimizer_bytes=_shard(params, dp if z >= 1 else 1) * optimizer_bytes_per_param(precision, plan),
         activation_bytes=None)
-    if z == 1:
-        # The optimizer steps the master shard with a float32 copy of its gradient, made at the first
-        # reduction of the step (so held across later micro-batches); the paper's figure leaves it out.
+    if z == 1 and (precision.grad_bytes != 4 or plan.microbatches > 1):
+        # The optimizer steps the master shard with a float32 gradient. With float32 gradients and one
+        # backward per step it is a view of the reduced buffer; with 16-bit gradients, or when later
+        # micro-batches reuse the buffer, it is a copy, held across the step. The paper leaves it out.
         st.transient_terms["ZeRO-1 float32 gradient of the master shard"] = _shard(params, dp) * 4
     if z >= 3 and shape is not None:
         unit = max(shape.layer_params(), shape.embedding_params(), shape.head_params())

@@ -111,6 +111,10 @@ class ShardedGroup:
         if self.grad_flat is None:
             # Stage 1 keeps the buffer (replicated gradients); padding stays zero because no slot covers it.
             self.grad_flat = torch.zeros(self.layout.padded_numel, dtype=self.reduce_dtype, device=self.compute_device)
+        elif self._grad_is_view():
+            # Stage 1, a second backward before zero_grad: master.grad is still this rank's part of the
+            # buffer about to be overwritten; keep its value apart (finish_reduce adds to it).
+            self.master.grad = self.master.grad.clone()
         view = self.layout.view(self.grad_flat, self._slots[id(p)])
         view.copy_(grad) if grad is not None else view.zero_()
         p.grad = None
@@ -138,18 +142,25 @@ class ShardedGroup:
             self.grad_flat = None  # stages 2-3 keep only the shard
         m = self.master
         if m.grad is None:
-            if self.stage > 1 and shard.dtype == torch.float32 and shard.device == m.device:
-                m.grad = shard  # already a fresh float32 shard: no copy
+            if shard.dtype == torch.float32 and shard.device == m.device:
+                # No copy: stages 2-3 get a fresh shard, stage 1 a view of this rank's part of grad_flat
+                # (copy_grad_in moves it out before another backward writes the buffer).
+                m.grad = shard
             else:
                 m.grad = shard.to(m.device, torch.float32, copy=True)
         else:
             m.grad.add_(shard.to(m.device, torch.float32))
+
+    def _grad_is_view(self) -> bool:
+        g = self.master.grad
+        return (g is not None and self.grad_flat is not None and g.device == self.grad_flat.device
+                and g.untyped_storage().data_ptr() == self.grad_flat.untyped_storage().data_ptr())
 
     # ---- accounting ----------------------------------------------------------------------------
     def persistent_bytes(self) -> dict:
         """Bytes this group holds now: full weights, gradient buffers, master shard."""
         full = self.full.untyped_storage().nbytes()
         grads = self.grad_flat.numel() * self.grad_flat.element_size() if self.grad_flat is not None else 0
-        if self.master.grad is not None:
+        if self.master.grad is not None and not self._grad_is_view():
             grads += self.master.grad.numel() * 4
         return {"params": full, "grads": grads, "master": self.master.numel() * 4}
