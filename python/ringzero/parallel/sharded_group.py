@@ -47,6 +47,7 @@ class ShardedGroup:
         self.state = ParamState.SHARDED
         self._gather_work = self._gather_input = None
         self.grad_flat = None
+        self._grad_view = None  # stage 1: the view of grad_flat handed to master.grad, if any
         self._reduce_work = self._reduce_out = None
         # The module parameters are bound once, as views of `full`. Stage 3 frees `full` by resizing its
         # storage to zero bytes and gathers into the same storage again (as FSDP2 does): views that
@@ -111,10 +112,13 @@ class ShardedGroup:
         if self.grad_flat is None:
             # Stage 1 keeps the buffer (replicated gradients); padding stays zero because no slot covers it.
             self.grad_flat = torch.zeros(self.layout.padded_numel, dtype=self.reduce_dtype, device=self.compute_device)
-        elif self._grad_is_view():
-            # Stage 1, a second backward before zero_grad: master.grad is still this rank's part of the
-            # buffer about to be overwritten; keep its value apart (finish_reduce adds to it).
-            self.master.grad = self.master.grad.clone()
+        elif self._grad_view is not None:
+            # Stage 1, a backward after the reduction: if master.grad is still this rank's part of the
+            # buffer about to be overwritten (no zero_grad since), keep its value apart (finish_reduce
+            # adds to it).
+            if self._grad_is_view():
+                self.master.grad = self.master.grad.clone()
+            self._grad_view = None
         view = self.layout.view(self.grad_flat, self._slots[id(p)])
         view.copy_(grad) if grad is not None else view.zero_()
         p.grad = None
@@ -146,15 +150,15 @@ class ShardedGroup:
                 # No copy: stages 2-3 get a fresh shard, stage 1 a view of this rank's part of grad_flat
                 # (copy_grad_in moves it out before another backward writes the buffer).
                 m.grad = shard
+                if self.stage == 1:
+                    self._grad_view = shard
             else:
                 m.grad = shard.to(m.device, torch.float32, copy=True)
         else:
             m.grad.add_(shard.to(m.device, torch.float32))
 
     def _grad_is_view(self) -> bool:
-        g = self.master.grad
-        return (g is not None and self.grad_flat is not None and g.device == self.grad_flat.device
-                and g.untyped_storage().data_ptr() == self.grad_flat.untyped_storage().data_ptr())
+        return self._grad_view is not None and self.master.grad is self._grad_view
 
     # ---- accounting ----------------------------------------------------------------------------
     def persistent_bytes(self) -> dict:
