@@ -15,6 +15,12 @@ set(RINGZERO_TORCH_SOURCES
 Python3_add_library(_C MODULE WITH_SOABI ${RINGZERO_TORCH_SOURCES})
 target_link_libraries(_C PRIVATE ringzero_core ${TORCH_LIBRARIES} ${TORCH_PYTHON_LIBRARY})
 target_compile_options(_C PRIVATE -O2)
+# The standard this torch's headers need (C++20 from torch 2.15 on); the torch-free layers stay C++17.
+include(${CMAKE_CURRENT_LIST_DIR}/torch_cxx_standard.cmake)
+list(GET TORCH_INCLUDE_DIRS 0 _torch_include)
+ringzero_torch_cxx_standard("${_torch_include}" RINGZERO_TORCH_CXX_STANDARD)
+set_target_properties(_C PROPERTIES CXX_STANDARD ${RINGZERO_TORCH_CXX_STANDARD} CXX_STANDARD_REQUIRED ON)
+message(STATUS "ringzero: torch ${Torch_VERSION} headers, compiling ringzero._C as C++${RINGZERO_TORCH_CXX_STANDARD}")
 target_compile_definitions(_C PRIVATE TORCH_EXTENSION_NAME=_C)
 if(RINGZERO_WITH_CUDA AND TARGET ringzero_cuda)
   target_compile_definitions(_C PRIVATE RINGZERO_WITH_CUDA=1)

@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 import ringzero
 from harness import run_ranks
+from ringzero.comm import torch_compat
 from test_collectives import DTYPES, OPS, SMALL_BUFFERS, check_equal, gloo_reference, make
 
 TORCH_OP = {ringzero.ReduceOp.SUM: dist.ReduceOp.SUM, ringzero.ReduceOp.AVG: dist.ReduceOp.AVG,
@@ -44,7 +45,7 @@ def reductions(rank, world, g, dtype, n):
 
         block = gloo_reference(big, op, world)[rank * n:(rank + 1) * n]
         out = torch.full((n,), 7, dtype=dtype)
-        dist.reduce_scatter_single(out, big, op=TORCH_OP[op], group=g)
+        torch_compat.reduce_scatter_single(out, big, op=TORCH_OP[op], group=g)
         check_equal(out, block, f"reduce_scatter_tensor {tag}")
         out = torch.full((n,), 7, dtype=dtype)
         dist.reduce_scatter(out, [big[q * n:(q + 1) * n] for q in range(world)], op=TORCH_OP[op], group=g)
@@ -54,9 +55,9 @@ def reductions(rank, world, g, dtype, n):
 def data_movement(rank, world, g, dtype, n):
     x = make(rank, n, dtype)
     want = torch.empty(n * world, dtype=dtype)
-    dist.all_gather_single(want, x)  # gloo
+    torch_compat.all_gather_single(want, x)  # gloo
     got = torch.empty(n * world, dtype=dtype)
-    dist.all_gather_single(got, x, group=g)
+    torch_compat.all_gather_single(got, x, group=g)
     check_equal(got, want, f"all_gather_into_tensor {dtype} n={n}")
     outs = [torch.empty(n, dtype=dtype) for _ in range(world)]
     dist.all_gather(outs, x, group=g)
@@ -89,7 +90,7 @@ def coalesced_and_special(rank, world, g):
     outs = [torch.empty(i.numel() * world, dtype=torch.int32) for i in ins]
     with dist._coalescing_manager(group=g, async_ops=True) as cm:
         for o, i in zip(outs, ins):
-            dist.all_gather_single(o, i, group=g)
+            torch_compat.all_gather_single(o, i, group=g)
     cm.wait()
     for o, i in zip(outs, ins):
         check_equal(o, torch.cat([make(q, i.numel(), torch.int32, salt=i.numel()) for q in range(world)]),
@@ -99,7 +100,7 @@ def coalesced_and_special(rank, world, g):
     outs = [torch.empty(b.numel() // world, dtype=torch.float64) for b in bigs]
     with dist._coalescing_manager(group=g):
         for o, b in zip(outs, bigs):
-            dist.reduce_scatter_single(o, b, op=dist.ReduceOp.MAX, group=g)
+            torch_compat.reduce_scatter_single(o, b, op=dist.ReduceOp.MAX, group=g)
     for o, b in zip(outs, bigs):
         k = o.numel()
         check_equal(o, gloo_reference(b, ringzero.ReduceOp.MAX, world)[rank * k:(rank + 1) * k], "coalesced reduce_scatter")
@@ -208,11 +209,11 @@ def point_to_point(rank, world, g):
 
 def bad_arguments(rank, world, g):
     with pytest.raises(ValueError, match="world_size"):
-        dist.reduce_scatter_single(torch.empty(3), torch.empty(3 * world + 1), group=g)
+        torch_compat.reduce_scatter_single(torch.empty(3), torch.empty(3 * world + 1), group=g)
     with pytest.raises(ValueError, match="world_size"):
-        dist.all_gather_single(torch.empty(3 * world + 2), torch.empty(3), group=g)
+        torch_compat.all_gather_single(torch.empty(3 * world + 2), torch.empty(3), group=g)
     with pytest.raises(TypeError, match="dtype"):
-        dist.all_gather_single(torch.empty(3 * world, dtype=torch.float64), torch.empty(3), group=g)
+        torch_compat.all_gather_single(torch.empty(3 * world, dtype=torch.float64), torch.empty(3), group=g)
     with pytest.raises(ValueError, match="one tensor per rank"):
         g.allreduce([torch.ones(2), torch.ones(2)]).wait()
     with pytest.raises(ValueError, match="PREMUL_SUM needs a floating-point"):
@@ -287,7 +288,7 @@ def test_group_across_hosts_hands_everything_to_gloo():
         dist.all_reduce(got, group=g)
         check_equal(got, gloo_reference(x, ringzero.ReduceOp.SUM, world), "all_reduce across hosts")
         out = torch.empty(1031 * world)
-        dist.all_gather_single(out, x, group=g)
+        torch_compat.all_gather_single(out, x, group=g)
         check_equal(out, torch.cat([make(q, 1031, torch.float32) for q in range(world)]), "all_gather across hosts")
         dist.barrier(group=g)
         stats = ringzero.backend_stats(g)

@@ -13,10 +13,13 @@ import torch.distributed as dist
 
 import ringzero
 from harness import run_ranks
+from ringzero.comm import torch_compat
 from test_collectives import check_equal, make
 
-TORCH_FNS = {name: getattr(dist, name) for name in
-             ["all_reduce", "reduce_scatter_single", "all_gather_single", "broadcast"]}
+# ringzero's name -> this torch's name for the same op (the *_single names exist from torch 2.13 on).
+TORCH_NAMES = {"all_reduce": "all_reduce", "reduce_scatter_single": torch_compat.REDUCE_SCATTER_SINGLE,
+               "all_gather_single": torch_compat.ALL_GATHER_SINGLE, "broadcast": "broadcast"}
+TORCH_FNS = {name: getattr(dist, torch_name) for name, torch_name in TORCH_NAMES.items()}
 
 
 def calls(rank, world, group, fns):
@@ -48,7 +51,7 @@ def body(rank, world):
     with ringzero.patch():
         assert ringzero.comm.is_patched() and dist.all_reduce is not TORCH_FNS["all_reduce"]
         before = comm.seq
-        routed = {n: getattr(dist, n) for n in TORCH_FNS}
+        routed = {name: getattr(dist, torch_name) for name, torch_name in TORCH_NAMES.items()}
         got = calls(rank, world, group, routed)
         assert comm.seq - before == 4, "the four calls did not run on ringzero"
         # The deprecated names route too.

@@ -1,11 +1,26 @@
 #!/usr/bin/env bash
 # Installs what ringzero needs on a fresh machine and builds it (editable, against the installed torch).
-# Keeps an existing torch (e.g. a CUDA build on a GPU machine); otherwise installs the CPU torch 2.13.0.
+# Keeps an existing torch in the supported range 2.10-2.15 (e.g. a CUDA build on a GPU machine), refuses
+# one outside it, and installs the CPU torch 2.13.0 only when there is none.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+# The supported torch releases (also in pyproject.toml and the README); tools/torch_compat.sh checks the ends.
+TORCH_MIN=2.10 TORCH_MAX=2.15
 if ! "$PY" -c "import torch" 2>/dev/null; then
   "$PY" -m pip install -q torch==2.13.0
+elif ! have=$("$PY" - "$TORCH_MIN" "$TORCH_MAX" <<'PYEOF'
+import sys, torch
+release = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+low, high = (tuple(int(p) for p in v.split(".")) for v in sys.argv[1:3])
+print(torch.__version__)
+sys.exit(0 if low <= release <= high else 1)
+PYEOF
+); then
+  echo "tools/setup.sh: torch $have is installed, but ringzero supports torch $TORCH_MIN to $TORCH_MAX (CPU or" \
+       "CUDA builds). Install one of those into this environment (for example: pip install torch==2.13.0)," \
+       "or run this with PYTHON= pointing at an environment that has one." >&2
+  exit 1
 fi
 # numpy/pytest/tqdm/matplotlib for the package and its tests; cmake/ninja build it; the NCCL wheel gives
 # nccl.h to the CUDA sources (compiled whenever nvcc is present, even on a CPU machine).

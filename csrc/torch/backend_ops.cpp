@@ -10,6 +10,7 @@
 
 #include "backend.h"
 #include "dtype_map.h"
+#include "torch_compat.h"
 
 namespace ringzero {
 namespace {
@@ -73,7 +74,7 @@ Reduction reduction(const c10d::ReduceOp& rop, const std::vector<at::Tensor>& ts
     case c10d::ReduceOp::PREMUL_SUM: {
       TORCH_CHECK_VALUE(at::isFloatingType(t0.scalar_type()), "ringzero ", op,
                         ": PREMUL_SUM needs a floating-point tensor, got ", t0.scalar_type(), "; use SUM");
-      const auto* s = dynamic_cast<const c10d::PreMulSumSupplement*>(rop.supplement_.get());
+      const auto* s = dynamic_cast<const torch_compat::PreMulSumSupplement*>(rop.supplement_.get());
       TORCH_CHECK_VALUE(s, "ringzero ", op, ": PREMUL_SUM without its factor; build the op with "
                         "torch.distributed._make_nccl_premul_sum(factor)");
       r.op = ReduceOp::Sum;
@@ -292,7 +293,7 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::reduce_scatter_tensor_coalesced(
   for (const auto& o : outputs) ok = ok && dense(o);
   if (auto* inner = route(inputs[0].device(), "reduce_scatter_tensor_coalesced", ok))
     return inner->reduce_scatter_tensor_coalesced(outputs, inputs, opts);
-  return enqueue(c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED, outputs, opts.timeout,
+  return enqueue(torch_compat::kReduceScatterTensorCoalesced, outputs, opts.timeout,
                  [outputs, inputs, red](ShmComm& c) {
                    for (size_t i = 0; i < inputs.size(); ++i) reduce_scatter_one(c, red, inputs[i], outputs[i]);
                  });

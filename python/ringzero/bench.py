@@ -78,6 +78,7 @@ def copy_bandwidth(nbytes: int = 64 << 20, budget_s: float = 0.5) -> float:
 
 def _calls(op: str, size: int, dtype, world: int, rank: int):
     import ringzero
+    from ringzero.comm import torch_compat
 
     es = torch.tensor([], dtype=dtype).element_size()
     count = max(1, size // es)
@@ -89,9 +90,9 @@ def _calls(op: str, size: int, dtype, world: int, rank: int):
     big, small = torch.ones(count, dtype=dtype), torch.ones(per, dtype=dtype)
     if op == "reduce_scatter":
         return (count, lambda: ringzero.reduce_scatter_single(small, big),
-                lambda: dist.reduce_scatter_single(small, big), (count + per) * es)
+                lambda: torch_compat.reduce_scatter_single(small, big), (count + per) * es)
     return (count, lambda: ringzero.all_gather_single(big, small),
-            lambda: dist.all_gather_single(big, small), (count + per) * es)
+            lambda: torch_compat.all_gather_single(big, small), (count + per) * es)
 
 
 def run(args):
