@@ -22,9 +22,10 @@ PYEOF
        "or run this with PYTHON= pointing at an environment that has one." >&2
   exit 1
 fi
-# numpy/pytest/tqdm/matplotlib for the package and its tests; cmake/ninja build it; the NCCL wheel gives
-# nccl.h to the CUDA sources (compiled whenever nvcc is present, even on a CPU machine).
-"$PY" -m pip install -q numpy pytest tqdm matplotlib ninja "cmake>=3.22" pybind11
+# numpy/pytest/tqdm/matplotlib for the package and its tests; cmake/ninja build it; setuptools and wheel
+# because --no-build-isolation builds with what is installed (a new venv has neither a recent setuptools
+# nor wheel); the NCCL wheel gives nccl.h to the CUDA sources (compiled whenever nvcc is present).
+"$PY" -m pip install -q numpy pytest tqdm matplotlib ninja "cmake>=3.22" pybind11 "setuptools>=64" wheel
 if command -v nvcc >/dev/null 2>&1; then
   "$PY" -m pip install -q nvidia-nccl-cu13
 fi
