@@ -21,7 +21,12 @@ find_package(CUDAToolkit REQUIRED)
 # PATH. Without it the ring driver still builds (loopback transport only) and says so.
 set(RINGZERO_NCCL_ROOT "" CACHE PATH "Folder with include/nccl.h and lib/libnccl.so* (the nvidia.nccl wheel)")
 if(NOT RINGZERO_NCCL_ROOT)
-  find_program(RINGZERO_PYTHON NAMES python3 python)
+  # The Python the build was started with (setup.py passes it), else the one on PATH.
+  if(Python3_EXECUTABLE)
+    set(RINGZERO_PYTHON "${Python3_EXECUTABLE}")
+  else()
+    find_program(RINGZERO_PYTHON NAMES python3 python)
+  endif()
   if(RINGZERO_PYTHON)
     execute_process(COMMAND ${RINGZERO_PYTHON} -c "import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])"
                     OUTPUT_VARIABLE _nccl_root OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)

@@ -1,6 +1,14 @@
 # ringzero._C: the only C++ that includes torch. Found through torch.utils.cmake_prefix_path (setup.py
 # passes it as CMAKE_PREFIX_PATH).
 find_package(Python3 REQUIRED COMPONENTS Interpreter Development.Module)
+# A CUDA torch's CMake config looks for the toolkit with the legacy FindCUDA, which guesses it from nvcc's
+# folder and fails where the nvcc on PATH is a wrapper outside the toolkit: hand it what CUDAToolkit finds.
+if(NOT DEFINED CUDA_TOOLKIT_ROOT_DIR)
+  find_package(CUDAToolkit QUIET)
+  if(CUDAToolkit_FOUND AND CUDAToolkit_LIBRARY_ROOT)
+    set(CUDA_TOOLKIT_ROOT_DIR "${CUDAToolkit_LIBRARY_ROOT}")
+  endif()
+endif()
 find_package(Torch REQUIRED)
 find_library(TORCH_PYTHON_LIBRARY torch_python PATHS "${TORCH_INSTALL_PREFIX}/lib" REQUIRED)
 
