@@ -116,3 +116,33 @@ def test_ratios_to_the_matching_torch_row():
     text = table(rows)
     assert "vs torch" in text.splitlines()[0] and "torch-fsdp2 |    1.20 |" in text
     assert "vs torch" not in table([_row("ddp", 1.0, 1.0, 1.0)])  # no torch row: today's columns only
+
+
+@pytest.mark.parametrize("count, local_rank, run, want_device, want_transport, want_group", [
+    (1, 1, "torch-ddp", "cuda:0", "ipc", "ringzero"),   # 2 ranks on one GPU: IPC, torch rows on ringzero
+    (1, 1, "pp", "cuda:0", "ipc", None),
+    (2, 1, "pp+zero1", "cuda:1", "nccl", None),         # a GPU each: NCCL, torch rows on the default group
+    (2, 0, "torch-fsdp2", "cuda:0", "nccl", None),
+])
+def test_rank_env_applies_the_decisions(monkeypatch, count, local_rank, run, want_device, want_transport, want_group):
+    """The wiring in loop.rank_env and device.bind, on a machine described by hand (no GPU needed)."""
+    import argparse
+
+    import torch.distributed as dist
+
+    from ringzero.trainer import loop
+
+    fake = {"local_rank": local_rank, "local_world": 2, "device_count": count,
+            "shared": device.gpu_shared(2, count), "nccl": True}
+    monkeypatch.setattr(device, "machine", lambda device_type: dict(fake))
+    made = []
+    monkeypatch.setattr(dist, "new_group", lambda backend=None, **kw: made.append(backend) or f"group:{backend}")
+    env = loop.rank_env(argparse.Namespace(device="cuda", precision="auto"), run)
+    assert (str(env.device), env.transport, env.precision) == (want_device, want_transport, "bf16")
+    assert made == ([want_group] if want_group else [])
+    assert env.baseline_group == (f"group:{want_group}" if want_group else None)
+    bound = []
+    monkeypatch.setattr(torch.cuda, "set_device", bound.append)
+    dev, backend = device.bind("cuda")
+    assert bound == [torch.device(want_device)] and dev == torch.device(want_device)
+    assert backend == ("cpu:gloo,cuda:nccl" if count == 2 else "gloo")
