@@ -17,7 +17,7 @@ from ringzero.parallel.pipeline import (PipelineRunner, PipelineStage, choose_tr
                                         simulate, split, validate)
 from ringzero.parallel.pipeline.plan import Kind
 from ringzero.parallel.pipeline.transport import pack_descriptor, unpack_descriptor
-from test_pipeline_parity import ATOL, RTOL, build, data, lm_loss, reference
+from pipeline_cases import ATOL, RTOL, build, data, lm_loss, reference
 
 
 @pytest.mark.parametrize("device, shared, nccl, want", [

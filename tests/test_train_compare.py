@@ -11,7 +11,7 @@ import json
 import pytest
 
 from ringzero import train
-from test_train import TINY
+from train_cases import TINY
 
 
 def test_torch_rows_beside_ours(tmp_path, capsys):
