@@ -121,7 +121,8 @@ def main(argv=None):
                    device=args.device)
         else:
             with tempfile.TemporaryDirectory() as tmp:
-                launch(_rank_main, args.nproc, args, args.strategies[0], os.path.join(tmp, "r.json"), device=args.device)
+                launch(_rank_main, args.nproc, args, args.strategies[0], os.path.join(tmp, "r.json"),
+                       device=args.device)
         return 0
     results, failed = [], []
     with tempfile.TemporaryDirectory() as tmp:

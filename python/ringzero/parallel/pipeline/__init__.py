@@ -17,7 +17,8 @@ from .transport import TRANSPORTS, choose_transport
 from .validate import PlanError, validate
 
 __all__ = [
-    "Action", "Kind", "Plan", "COMPUTE", "COMM", "add_communication", "forward_plan", "TRANSPORTS", "choose_transport", "SCHEDULES", "GPipe", "OneFOneB",
+    "Action", "Kind", "Plan", "COMPUTE", "COMM", "add_communication", "forward_plan", "TRANSPORTS", "choose_transport",
+    "SCHEDULES", "GPipe", "OneFOneB",
     "Interleaved1F1B", "ZeroBubbleH1", "make_plan", "validate", "PlanError", "simulate", "SimResult",
     "DeadlockError", "uniform_costs", "measured_costs", "bubble_fraction", "split", "PipelineStage",
     "PipelineRunner", "gather_timeline", "chrome_trace", "plot_timelines",

@@ -75,8 +75,8 @@ class _IpcRecv:
         self._work.wait() if timeout is None else self._work.wait(timeout=timeout)
         remote = unpack_descriptor(self._header)  # on CUDA: the current stream waits for the sender's event
         if remote.shape != self._buffer.shape or remote.dtype != self._buffer.dtype:
-            raise RuntimeError(f"ipc receive from rank {self._src} (tag {self._tag}): expected "
-                               f"{self._buffer.dtype}{tuple(self._buffer.shape)}, got {remote.dtype}{tuple(remote.shape)}")
+            want, got = f"{self._buffer.dtype}{tuple(self._buffer.shape)}", f"{remote.dtype}{tuple(remote.shape)}"
+            raise RuntimeError(f"ipc receive from rank {self._src} (tag {self._tag}): expected {want}, got {got}")
         self._buffer.copy_(remote)
         if self._buffer.is_cuda:
             # The sender frees (or reuses) its memory as soon as it has the acknowledgement.
