@@ -125,8 +125,11 @@ class IpcP2P:
         for send, t, peer, tag in ops:
             if send:
                 t = t.detach()
-                # On CUDA the descriptor carries an event recorded on the current stream; the receiver's
-                # rebuild waits for it, so the producer's kernels need not have finished here.
+                if t.is_cuda:
+                    # The descriptor carries an event the receiver's rebuild waits for, but only when it
+                    # opens the memory anew: a rebuild served from torch's cache of open storages skips
+                    # it. So the data is complete before its descriptor leaves (one host wait per send).
+                    torch.cuda.current_stream(t.device).synchronize()
                 header = pack_descriptor(t)
                 header_work = dist.isend(header, dst=peer, group=group, tag=tag)
                 ack = torch.zeros(1, dtype=torch.uint8)
