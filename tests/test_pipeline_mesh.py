@@ -17,7 +17,7 @@ import ringzero
 from harness import run_ranks
 from ringzero.parallel import DistributedDataParallel, Mesh, ZeroDataParallel
 from ringzero.parallel.pipeline import PipelineRunner, PipelineStage, split
-from test_pipeline_parity import ATOL, RTOL, SCHEDULES, build, lm_loss
+from pipeline_cases import ATOL, RTOL, SCHEDULES, build, lm_loss
 
 GLOBAL_BATCH = 12
 

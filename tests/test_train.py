@@ -9,9 +9,7 @@ import os
 import pytest
 
 from ringzero import train
-
-TINY = ["--nproc", "2", "--batch", "8", "--seq", "32", "--layers", "2", "--d-model", "64", "--heads", "2",
-        "--no-progress", "--val-batches", "1"]
+from train_cases import TINY
 
 
 def run(tmp_path, *extra):

@@ -1,5 +1,6 @@
 """Starting ranks for the command-line tools: under torchrun (RANK and WORLD_SIZE set) the current
-process is one rank; otherwise `--nproc N` spawns N local ranks with a gloo process group."""
+process is one rank; otherwise `--nproc N` spawns N local ranks. The process group is gloo on CPU; with
+device="cuda" each rank first selects its GPU and the backend follows trainer/device.py's rule."""
 from __future__ import annotations
 
 import os
@@ -20,17 +21,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, nproc: int, port: int, fn, args):
+def _worker(rank: int, nproc: int, port: int, fn, args, device: str):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(nproc),
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(nproc))
-    _run(fn, args, nproc)
+    _run(fn, args, nproc, device)
 
 
-def _init_process_group():
+def _init_process_group(backend: str = "gloo"):
     """env:// rendezvous, with the keys of each torchrun attempt under their own prefix: after a restart
     the store still holds the dead attempt's gloo addresses, and connecting to them fails."""
     if "TORCHELASTIC_RESTART_COUNT" not in os.environ:
-        dist.init_process_group("gloo")
+        dist.init_process_group(backend)
         return
     import datetime
 
@@ -38,14 +39,19 @@ def _init_process_group():
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
                           timeout=datetime.timedelta(seconds=300))
     attempt = os.environ["TORCHELASTIC_RESTART_COUNT"]
-    dist.init_process_group("gloo", store=dist.PrefixStore(f"ringzero/attempt-{attempt}", store), rank=rank,
+    dist.init_process_group(backend, store=dist.PrefixStore(f"ringzero/attempt-{attempt}", store), rank=rank,
                             world_size=world)
 
 
-def _run(fn, args, local_world: int):
+def _run(fn, args, local_world: int, device: str = "cpu"):
     # Each rank gets its share of the cores for its own compute (torch intra-op threads).
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local_world)))
-    _init_process_group()
+    backend = "gloo"
+    if device != "cpu":
+        from .trainer.device import bind
+
+        _, backend = bind(device)  # selects this rank's GPU before any CUDA work or NCCL
+    _init_process_group(backend)
     try:
         fn(*args)
     finally:
@@ -55,11 +61,13 @@ def _run(fn, args, local_world: int):
         dist.destroy_process_group()
 
 
-def launch(fn, nproc: int, *args):
-    """Runs fn(*args) on every rank. fn must be a module-level function (it is pickled for spawn)."""
+def launch(fn, nproc: int, *args, device: str = "cpu"):
+    """Runs fn(*args) on every rank. fn must be a module-level function (it is pickled for spawn).
+    device: 'cpu', or 'cuda' (each rank binds its GPU, trainer/device.py, before the process group)."""
     if under_torchrun():
-        _run(fn, args, int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"])))
+        _run(fn, args, int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"])), device)
         return
     if not isinstance(nproc, int) or nproc < 1:
         raise ValueError(f"--nproc must be a positive int, got {nproc!r}")
-    mp.start_processes(_worker, args=(nproc, _free_port(), fn, args), nprocs=nproc, join=True, start_method="spawn")
+    mp.start_processes(_worker, args=(nproc, _free_port(), fn, args, device), nprocs=nproc, join=True,
+                       start_method="spawn")

@@ -3,6 +3,7 @@ or several in turn (`--compare`) on the same data and seed, and prints one table
 
     ringzero train --strategy zero2 --nproc 2
     ringzero train --compare ddp,zero1,zero2,zero3,pp --nproc 2 --out runs/compare
+    ringzero train --compare torch-ddp,ddp,torch-fsdp2,zero3 --device cuda --steps 20
 
 Each strategy runs in fresh processes (so peak memory is its own); rank 0 writes a JSON summary that
 the parent collects. Under torchrun, only --strategy is accepted and the current processes train.
@@ -18,19 +19,23 @@ import time
 import torch
 import torch.distributed as dist
 
-STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "pp", "pp+zero1", "pp+zero2")
+from .parallel.layout import STRATEGIES
+from .parallel.pipeline.schedules import SCHEDULES
+from .trainer.layout import BASELINES, RUNS, SCHEDULE_NOTES
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="ringzero train", description=__doc__.split("\n\n")[0])
     how = p.add_mutually_exclusive_group()
     how.add_argument("--strategy", choices=STRATEGIES, default=None, help="one strategy (default ddp)")
-    how.add_argument("--compare", default=None, help="comma-separated strategies to run in turn on the same data")
+    how.add_argument("--compare", default=None, help="comma-separated strategies to run in turn on the same data; "
+                     f"also the stock-torch rows {', '.join(BASELINES)}")
     p.add_argument("--nproc", type=int, default=2, help="ranks to spawn when not under torchrun (default 2)")
     p.add_argument("--pp", type=int, default=None, help="pipeline stages for pp strategies (default: all ranks for "
                    "pp, half of them for pp+zero*)")
     p.add_argument("--microbatches", type=int, default=4, help="pipeline microbatches per step (default 4)")
-    p.add_argument("--schedule", default="1F1B", help="pipeline schedule (GPipe, 1F1B, Interleaved1F1B, ZeroBubbleH1)")
+    p.add_argument("--schedule", default="1F1B", help="pipeline schedule: "
+                   f"{', '.join(s for s in SCHEDULES if s not in SCHEDULE_NOTES)} (default 1F1B)")
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--batch", type=int, default=16, help="global batch in sequences")
     p.add_argument("--seq", type=int, default=128, help="tokens (bytes) per sequence")
@@ -42,7 +47,10 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--val-every", type=int, default=20, help="validation loss every K steps (and at the end)")
     p.add_argument("--val-batches", type=int, default=2)
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="cuda: rank r on GPU LOCAL_RANK %% "
+                   "device count (several ranks share a GPU when there are fewer GPUs than ranks)")
+    p.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16"], help="bf16: autocast compute "
+                   "with float32 weights, optimizer and reductions; auto: bf16 on cuda, fp32 on cpu")
     p.add_argument("--checkpoint-dir", default=None)
     p.add_argument("--save-every", type=int, default=0, help="save a checkpoint every K steps (needs --checkpoint-dir)")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --checkpoint-dir")
@@ -51,9 +59,9 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     args.strategies = ([s.strip() for s in args.compare.split(",") if s.strip()] if args.compare
                        else [args.strategy or "ddp"])
-    bad = [s for s in args.strategies if s not in STRATEGIES]
+    bad = [s for s in args.strategies if s not in RUNS]
     if bad:
-        p.error(f"unknown strategy {bad}; choose from {', '.join(STRATEGIES)}")
+        p.error(f"unknown strategy {bad}; choose from {', '.join(RUNS)}")
     for name in ("nproc", "steps", "batch", "seq", "layers", "d_model", "heads", "microbatches", "val_batches"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
@@ -63,13 +71,20 @@ def parse_args(argv=None):
         p.error("--save-every and --resume need --checkpoint-dir")
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA device is available")
-    from .trainer import check_layout
+    from .trainer import check_run, check_schedule
+    from .trainer.device import precision_of
 
-    for s in args.strategies:
-        try:
-            check_layout(s, args.nproc, args.pp, args.batch, args.microbatches, args.layers)
-        except ValueError as e:
-            p.error(str(e))
+    try:  # everything a rank would refuse, refused here, before any rank is spawned
+        check_schedule(args.schedule)
+        precision = precision_of(args.precision, args.device)
+        for s in args.strategies:
+            check_run(s, args.nproc, args.pp, args.batch, args.microbatches, args.layers, args.schedule, precision)
+    except ValueError as e:
+        p.error(str(e))
+    if args.resume or args.save_every:
+        torch_rows = [s for s in args.strategies if s in BASELINES]
+        if torch_rows:
+            p.error(f"--save-every and --resume cover ringzero's strategies, not {', '.join(torch_rows)}")
     return args
 
 
@@ -82,16 +97,15 @@ def _rank_main(args, strategy: str, result_path: str):
             json.dump(summary, f)
 
 
-def _print_table(results: list[dict]):
-    cols = [("strategy", "{:<10}", "strategy"), ("train loss", "{:>10.4f}", "final_train_loss"),
-            ("val loss", "{:>9.4f}", "final_val_loss"), ("tokens/s", "{:>9.0f}", "tokens_per_s"),
-            ("step ms", "{:>8.1f}", "step_ms"), ("peak MiB/rank", "{:>13.1f}", "peak_mib_per_rank"),
-            ("estimate MiB", "{:>12.1f}", "estimate_mib_per_rank"),
-            ("comm s", "{:>7.2f}", "comm_s")]
-    widths = [len(fmt.format(results[0][key])) for _, fmt, key in cols]
-    print(" | ".join(f"{name:<{w}}" if i == 0 else f"{name:>{w}}" for i, ((name, _, _), w) in enumerate(zip(cols, widths))))
-    for r in results:
-        print(" | ".join(fmt.format(r[key]) for _, fmt, key in cols))
+def _device_note(args) -> str:
+    """The header's device part: nothing on CPU (as before), the GPUs and precision on CUDA."""
+    if args.device != "cuda":
+        return ""
+    from .trainer.device import gpu_shared, precision_of
+
+    count = torch.cuda.device_count()
+    share = f", {args.nproc} ranks sharing them (CUDA IPC)" if gpu_shared(args.nproc, count) else ""
+    return f" | {count} x {torch.cuda.get_device_name(0)}{share} | {precision_of(args.precision, 'cuda')}"
 
 
 def main(argv=None):
@@ -103,29 +117,45 @@ def main(argv=None):
             raise SystemExit("ringzero train: under torchrun pass --strategy, not --compare")
         if args.out:
             os.makedirs(args.out, exist_ok=True)
-            launch(_rank_main, args.nproc, args, args.strategies[0], os.path.join(args.out, "results.json"))
+            launch(_rank_main, args.nproc, args, args.strategies[0], os.path.join(args.out, "results.json"),
+                   device=args.device)
         else:
             with tempfile.TemporaryDirectory() as tmp:
-                launch(_rank_main, args.nproc, args, args.strategies[0], os.path.join(tmp, "r.json"))
+                launch(_rank_main, args.nproc, args, args.strategies[0], os.path.join(tmp, "r.json"),
+                       device=args.device)
         return 0
-    results = []
+    results, failed = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for s in args.strategies:
             path = os.path.join(tmp, f"{s}.json")
             t0 = time.time()
-            launch(_rank_main, args.nproc, args, s, path)
+            try:
+                launch(_rank_main, args.nproc, args, s, path, device=args.device)
+            except Exception as e:
+                if s not in BASELINES:
+                    raise
+                # A torch row that cannot run here (e.g. its backend on this machine) leaves the
+                # comparison standing: the table says so instead of losing ringzero's rows.
+                failed.append((s, str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__))
+                continue
             with open(path) as f:
                 r = json.load(f)
             r["wall_s"] = time.time() - t0
             results.append(r)
+    if not results:
+        raise SystemExit("ringzero train: no run finished: " + "; ".join(f"{s}: {why}" for s, why in failed))
     print()
     print(f"# ringzero train | {args.nproc} ranks | {args.steps} steps | global batch {args.batch} x {args.seq} bytes | "
-          f"model {results[0]['params'] / 1e6:.2f}M params | {results[0]['corpus']}")
-    _print_table(results)
+          f"model {results[0]['params'] / 1e6:.2f}M params | {results[0]['corpus']}" + _device_note(args))
+    from .trainer import table
+
+    print(table(results))
+    for s, why in failed:
+        print(f"{s}: did not run: {why}")
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "results.json"), "w") as f:
-            json.dump(results, f, indent=1)
+            json.dump(results + [{"strategy": s, "error": why} for s, why in failed], f, indent=1)
         if len(results) > 1:
             from .trainer import plot_compare
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..parallel.layout import STRATEGIES, Layout
 from .checks import positive_ints
 from .model import RECOMPUTE_KINDS
 
@@ -12,7 +13,6 @@ DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, 
                "fp8": 1, "float8": 1}
 OPTIMIZER_STATES = {"adam": ("exp_avg", "exp_avg_sq"), "adamw": ("exp_avg", "exp_avg_sq"),
                     "momentum": ("momentum",), "sgd": ()}
-STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "pp", "pp+zero1", "pp+zero2")
 SCHEDULES = ("1f1b", "gpipe")
 
 
@@ -108,16 +108,8 @@ class Plan:
     the extra). ringzero's split(by='params') may place them otherwise; pass its counts to compare."""
 
     def __post_init__(self):
-        if self.strategy not in STRATEGIES:
-            raise ValueError(f"strategy={self.strategy!r}: use one of {', '.join(STRATEGIES)}")
-        positive_ints("", world=self.world, pp=self.pp, microbatches=self.microbatches,
-                      bucket_bytes=self.bucket_bytes)
-        if self.world % self.pp:
-            raise ValueError(f"pp={self.pp} pipeline stages do not divide world={self.world}; choose pp among "
-                             f"the divisors of {self.world} or change --world")
-        if self.pp > 1 and not self.strategy.startswith("pp"):
-            raise ValueError(f"strategy {self.strategy} has no pipeline but pp={self.pp}; use --strategy pp, "
-                             f"pp+zero1 or pp+zero2, or --pp 1")
+        Layout(self.strategy, self.world, self.pp)  # the rules shared with `ringzero train`
+        positive_ints("", microbatches=self.microbatches, bucket_bytes=self.bucket_bytes)
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule={self.schedule!r}: use one of {SCHEDULES}")
         if self.layers_per_stage is not None:
@@ -137,7 +129,7 @@ class Plan:
     def zero_stage(self) -> int:
         """0 for DDP and plain pipeline, else the ZeRO stage: 1 shards optimizer state, 2 also
         gradients, 3 also parameters, each over the dp ranks of a stage."""
-        return int(self.strategy[-1]) if "zero" in self.strategy else 0
+        return Layout(self.strategy, self.world, self.pp).zero_stage
 
     def describe(self) -> str:
         pipe = (f", {self.pp} stages x {self.dp} data-parallel, {self.microbatches} micro-batches, "

@@ -105,7 +105,9 @@ class DistributedDataParallel(nn.Module):
         dtype_of = (lambda p: grad_dtype or p.dtype)
         # One "rank" per bucket: DDP buckets are not sharded, FlatLayout only gives the offsets.
         self.buckets = [FlatLayout(b, 1, 0) for b in bucket_params(reversed(named), check_bucket_cap(bucket_cap_mb), dtype_of)]
-        self.flats = [torch.zeros(b.padded_numel, dtype=dtype_of(b.params[0])) for b in self.buckets]
+        # On the parameters' device: CUDA gradients are averaged by the CUDA path, never through the host.
+        self.flats = [torch.zeros(b.padded_numel, dtype=dtype_of(b.params[0]), device=b.params[0].device)
+                      for b in self.buckets]
         self._slot = {id(s.param): s for b in self.buckets for s in b.slots}
         self._sync = True
         self._works = []

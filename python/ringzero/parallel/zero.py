@@ -22,8 +22,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from .. import comm
-from ..comm.types import ReduceOp
+from .clip import clip_grad_norm_
 from .ddp import broadcast_module_state, check_bucket_cap, resolve_group
 from .flat import bucket_params
 from .grad_ready import GradReadyTracker
@@ -215,19 +214,7 @@ class ZeroDataParallel(nn.Module):
         Every rank of the group must call it."""
         if norm_type != 2.0:
             raise ValueError(f"ZeroDataParallel.clip_grad_norm_: only norm_type=2.0 is supported, got {norm_type}")
-        sq = torch.zeros(1, dtype=torch.float64)
-        for g in self.groups:
-            if g.master.grad is not None:
-                # Accumulates in float64 without a float64 copy of the shard (no transient memory).
-                sq += torch.linalg.vector_norm(g.master.grad, dtype=torch.float64).square().cpu()
-        comm.all_reduce(sq, op=ReduceOp.SUM, group=self.group)
-        total = sq.sqrt().float()[0]
-        coef = float(max_norm) / (float(total) + 1e-6)
-        if coef < 1.0:
-            for g in self.groups:
-                if g.master.grad is not None:
-                    g.master.grad.mul_(coef)
-        return total
+        return clip_grad_norm_([g.master.grad for g in self.groups], max_norm, group=self.group)
 
     def memory_bytes(self, optimizer: torch.optim.Optimizer | None = None) -> dict:
         """Bytes held now by this rank: params (gathered weights), grads (gradient buffers and shards),

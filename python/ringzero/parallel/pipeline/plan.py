@@ -68,6 +68,11 @@ class Plan:
         return list(range(rank, self.num_stages, self.num_ranks))
 
     @property
+    def forward_only(self) -> bool:
+        """True for an evaluation plan: forwards and their transfers only (see forward_plan)."""
+        return not any(a.kind in (Kind.B, Kind.I, Kind.W) for row in self.actions for a in row)
+
+    @property
     def split_backward(self) -> bool:
         """True when the plan uses I and W instead of B (zero-bubble)."""
         return any(a.kind in (Kind.I, Kind.W) for row in self.actions for a in row)
@@ -121,3 +126,12 @@ def add_communication(name: str, num_ranks: int, num_stages: int, num_microbatch
             if a.kind in (Kind.B, Kind.I) and a.stage > 0 and plan.rank_of(a.stage - 1) != r:
                 out.append(Action(Kind.SEND_B, a.stage, a.microbatch))
     return plan
+
+
+def forward_plan(plan: Plan) -> Plan:
+    """The evaluation plan of `plan`: each rank's F, SEND_F and RECV_F in the training order, the
+    backward dropped. Every forward keeps its place relative to the others, so a plan that cannot
+    deadlock stays so (no receive waits on a backward any more)."""
+    keep = (Kind.F, Kind.SEND_F, Kind.RECV_F)
+    return Plan(f"{plan.name} forward", plan.num_ranks, plan.num_stages, plan.num_microbatches,
+                [[a for a in row if a.kind in keep] for row in plan.actions])

@@ -21,10 +21,11 @@ import torch
 import torch.distributed as dist
 
 from ...comm.errors import CommTimeout
-from .plan import COMPUTE, Action, Kind, Plan
+from .plan import COMPUTE, Action, Kind, Plan, forward_plan
 from .schedules import make_plan
 from .simulate import Timeline, simulate
 from .stage import PipelineStage
+from .transport import TorchP2P, make_transport
 from .validate import validate
 
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64, torch.int32, torch.int16,
@@ -40,13 +41,17 @@ class PipelineRunner:
     stages_per_rank is len(stages)). loss_fn(output, target) -> scalar, used on the last stage.
     grad_sync(): called after the last backward (e.g. a data-parallel reduction); optimizer: stepped
     and zeroed after it. Without an optimizer the gradients stay in .grad for the caller.
+    transport: how activations and gradients move (transport.py: 'gloo', 'nccl' or 'ipc'; None:
+    torch.distributed point-to-point on the group, i.e. gloo or nccl as its backend says).
+    device: where received tensors are placed (None: the device of the first stage's parameters).
     Every rank of the pipeline group builds its runner with the same schedule and microbatch count.
-    The plan is validated and simulated (deadlock check) here, before any communication.
+    The plan and its forward-only plan (evaluate) are validated and simulated (deadlock check) here,
+    before any communication.
     """
 
     def __init__(self, stages, schedule: str | Plan, num_microbatches: int | None = None,
                  loss_fn: Callable | None = None, optimizer=None, grad_sync: Callable[[], None] | None = None,
-                 timeout_s: float | None = None):
+                 timeout_s: float | None = None, transport: str | None = None, device=None):
         stages = [stages] if isinstance(stages, PipelineStage) else list(stages)
         if not stages or not all(isinstance(s, PipelineStage) for s in stages):
             raise TypeError("stages must be a PipelineStage or a non-empty list of them")
@@ -71,9 +76,16 @@ class PipelineRunner:
                              f"{plan.name}, got {[s.index for s in stages]}")
         if stages[-1].is_last and not callable(loss_fn):
             raise ValueError("loss_fn(output, target) is required on the rank holding the last stage")
-        validate(plan)
-        simulate(plan)  # raises DeadlockError before anything is sent
+        self.eval_plan = forward_plan(plan)
+        for p in (plan, self.eval_plan):
+            validate(p)
+            simulate(p)  # raises DeadlockError before anything is sent
         self.plan, self.stages = plan, {s.index: s for s in stages}
+        self.p2p = TorchP2P() if transport is None else make_transport(transport)
+        if device is None:
+            first = next(iter(stages[0].module.parameters()), None)
+            device = first.device if first is not None else torch.device("cpu")
+        self.device = torch.device(device)
         self.loss_fn, self.optimizer, self.grad_sync = loss_fn, optimizer, grad_sync
         self.timeout = datetime.timedelta(seconds=timeout_s or float(os.environ.get("RINGZERO_TIMEOUT_S", 300)))
         if plan.split_backward:
@@ -90,6 +102,7 @@ class PipelineRunner:
                 s.enable_split_backward()
         self.timeline: list[tuple[Action, float, float]] = []
         self.microbatch_losses: list[torch.Tensor] = []
+        self._evaluating = False
 
     # -- communication -------------------------------------------------------------------------------
     def _tag(self, kind: Kind, stage: int, microbatch: int) -> int:
@@ -173,30 +186,30 @@ class PipelineRunner:
         shape, dtype = self._meta[a.stage]
         if a.kind == Kind.RECV_B:
             shape, dtype = self.stages[a.stage].output_meta(shape, dtype)
-        return torch.empty((self._sizes[a.microbatch],) + tuple(shape[1:]), dtype=dtype)
+        return torch.empty((self._sizes[a.microbatch],) + tuple(shape[1:]), dtype=dtype, device=self.device)
 
     def _post(self, batch: list[Action]) -> None:
-        ops, keys = [], []
+        ops = []  # (is_send, tensor, peer, tag), the transport's format
         for a in batch:
             st = self.stages[a.stage]
             if a.kind == Kind.SEND_F:
-                ops.append(dist.P2POp(dist.isend, self._out[a.stage, a.microbatch].detach(), st.next_rank,
-                                      self.group, self._tag(a.kind, a.stage + 1, a.microbatch)))
+                out = self._out[a.stage, a.microbatch]
+                if self._evaluating:
+                    self._out.pop((a.stage, a.microbatch))  # no backward will come back for it
+                ops.append((True, out.detach(), st.next_rank, self._tag(a.kind, a.stage + 1, a.microbatch)))
             elif a.kind == Kind.SEND_B:
                 # The send work keeps the tensor alive until it completes.
-                ops.append(dist.P2POp(dist.isend, self._grad_in.pop((a.stage, a.microbatch)), st.prev_rank,
-                                      self.group, self._tag(a.kind, a.stage, a.microbatch)))
+                ops.append((True, self._grad_in.pop((a.stage, a.microbatch)), st.prev_rank,
+                            self._tag(a.kind, a.stage, a.microbatch)))
             else:
                 peer = st.prev_rank if a.kind == Kind.RECV_F else st.next_rank
                 tag_stage = a.stage if a.kind == Kind.RECV_F else a.stage + 1
-                ops.append(dist.P2POp(dist.irecv, self._buffer(a), peer, self.group,
-                                      self._tag(a.kind, tag_stage, a.microbatch)))
-            keys.append(a)
-        for a, op, work in zip(keys, ops, dist.batch_isend_irecv(ops)):
-            if a.kind in (Kind.SEND_F, Kind.SEND_B):
+                ops.append((False, self._buffer(a), peer, self._tag(a.kind, tag_stage, a.microbatch)))
+        for a, op, work in zip(batch, ops, self.p2p.post(ops, self.group)):
+            if op[0]:
                 self._sends.append(work)
             else:
-                self._recvs[a] = (work, op.tensor)
+                self._recvs[a] = (work, op[1])
 
     def _received(self, kind: Kind, stage: int, microbatch: int) -> torch.Tensor:
         work, tensor = self._recvs.pop(Action(kind, stage, microbatch))
@@ -210,7 +223,8 @@ class PipelineRunner:
             x = (self._inputs[mb] if st.is_first else
                  self._out.pop((s - 1, mb)) if s - 1 in self.stages else self._received(Kind.RECV_F, s, mb))
             t0 = time.perf_counter()
-            out = st.forward(mb, x, self.loss_fn, self._targets[mb] if st.is_last else None, self._weights[mb])
+            out = st.forward(mb, x, self.loss_fn, self._targets[mb] if st.is_last else None, self._weights[mb],
+                             keep=not self._evaluating)
             if st.is_last:
                 self.microbatch_losses.append(out.detach())
             else:
@@ -235,7 +249,35 @@ class PipelineRunner:
         holding the last stage. Returns the whole-batch loss (0-dim tensor, detached) on the rank holding
         the last stage, None elsewhere; per-microbatch weighted losses are in self.microbatch_losses.
         """
-        m = self.plan.num_microbatches
+        self._evaluating = False
+        self._run(self.plan, inputs, targets)
+        if self.grad_sync is not None:
+            self.grad_sync()
+        if self.optimizer is not None:
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        return self._batch_loss()
+
+    @torch.no_grad()
+    def evaluate(self, inputs: torch.Tensor | None = None, targets: torch.Tensor | None = None):
+        """The loss of a batch without training: the forward-only plan of the schedule (eval_plan),
+        same microbatches, nothing kept for a backward, no gradient touched. Same arguments and result
+        as step(); every rank of the pipeline group must call it."""
+        self._evaluating = True
+        try:
+            self._run(self.eval_plan, inputs, targets)
+        finally:
+            self._evaluating = False
+        return self._batch_loss()
+
+    def _batch_loss(self):
+        if self.plan.num_stages - 1 in self.stages:
+            return torch.stack(self.microbatch_losses).sum()
+        return None
+
+    def _run(self, plan: Plan, inputs, targets) -> None:
+        """Runs this rank's program of `plan` (the training plan or its forward-only one)."""
+        m = plan.num_microbatches
         self._sends, self._recvs, self._out, self._grad_in = [], {}, {}, {}
         self.timeline, self.microbatch_losses = [], []
         self._agree_shapes(inputs)
@@ -243,13 +285,13 @@ class PipelineRunner:
         self._sizes = [len(c) for c in torch.arange(batch).tensor_split(m)]
         self._weights = [n / batch for n in self._sizes]
         self._inputs = inputs.tensor_split(m) if 0 in self.stages else None
-        if self.plan.num_stages - 1 in self.stages:
+        if plan.num_stages - 1 in self.stages:
             if not isinstance(targets, torch.Tensor) or targets.shape[0] != batch:
                 raise ValueError(f"targets must be a tensor with batch size {batch} on the rank holding the last "
                                  f"stage, got {None if targets is None else tuple(targets.shape)}")
             self._targets = targets.tensor_split(m)
         pending: list[Action] = []
-        for a in self.plan.actions[self.rank]:
+        for a in plan.actions[self.rank]:
             if a.kind in COMPUTE:
                 if pending:
                     self._post(pending)
@@ -262,15 +304,7 @@ class PipelineRunner:
         self._wait_sends()
         leaks = {s: st.held_microbatches() for s, st in self.stages.items() if st.held_microbatches()}
         if leaks or self._recvs or self._out or self._grad_in:
-            raise RuntimeError(f"pipeline rank {self.rank}: plan {self.plan.name} left state behind: {leaks}")
-        if self.grad_sync is not None:
-            self.grad_sync()
-        if self.optimizer is not None:
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-        if self.plan.num_stages - 1 in self.stages:
-            return torch.stack(self.microbatch_losses).sum()
-        return None
+            raise RuntimeError(f"pipeline rank {self.rank}: plan {plan.name} left state behind: {leaks}")
 
     def measured_timeline(self) -> list[tuple[Action, float, float]]:
         """This rank's compute actions of the last step: (action, start, end) in perf_counter seconds."""

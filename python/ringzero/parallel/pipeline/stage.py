@@ -70,9 +70,11 @@ class PipelineStage:
             self._shape_cache[key] = (tuple(out.shape), out.dtype)
         return self._shape_cache[key]
 
-    def forward(self, microbatch: int, x: torch.Tensor, loss_fn=None, target=None, weight: float = 1.0):
+    def forward(self, microbatch: int, x: torch.Tensor, loss_fn=None, target=None, weight: float = 1.0,
+                keep: bool = True):
         """Runs the stage on x; on the last stage returns loss_fn(output, target) * weight (what the
-        backward starts from), elsewhere the output. Keeps what the backward needs."""
+        backward starts from), elsewhere the output. Keeps what the backward needs unless keep=False
+        (evaluation: no backward will come)."""
         if not self.is_first:
             x = x.detach().requires_grad_(True)
         if self.weight_grads is not None:
@@ -84,7 +86,8 @@ class PipelineStage:
                 self.weight_grads.key = None
         if self.is_last:
             out = loss_fn(out, target) * weight
-        self._saved[microbatch] = (x, out)
+        if keep:
+            self._saved[microbatch] = (x, out)
         return out
 
     def backward(self, microbatch: int, grad_output: torch.Tensor | None) -> torch.Tensor | None:

@@ -22,8 +22,9 @@ def _expected_comm(plan: Plan) -> Counter:
         for m in range(plan.num_microbatches):
             want[Action(Kind.SEND_F, s, m)] += 1
             want[Action(Kind.RECV_F, s + 1, m)] += 1
-            want[Action(Kind.SEND_B, s + 1, m)] += 1
-            want[Action(Kind.RECV_B, s, m)] += 1
+            if not plan.forward_only:
+                want[Action(Kind.SEND_B, s + 1, m)] += 1
+                want[Action(Kind.RECV_B, s, m)] += 1
     return want
 
 
@@ -65,7 +66,7 @@ def validate(plan: Plan) -> None:
     kinds = {a.kind for a in seen}
     if Kind.B in kinds and kinds & {Kind.I, Kind.W}:
         problems.append("the plan mixes B with I/W: use B everywhere or I and W everywhere")
-    backward = (Kind.I, Kind.W) if plan.split_backward else (Kind.B,)
+    backward = () if plan.forward_only else (Kind.I, Kind.W) if plan.split_backward else (Kind.B,)
     want = _expected_comm(plan)
     for s in range(n):
         for mb in range(m):

@@ -1,0 +1,22 @@
+"""The training behind `ringzero train` (train.py is its command line), one concern per module:
+
+  layout.py         what is checked before any rank starts (names, layouts; parallel.layout's rules)
+  device.py         rank to GPU, process-group backends, precision (pure decisions, unit-tested on CPU)
+  strategies.py     ringzero's runs: ddp, zero1-3 (DataParallelRun) and pp, pp+zero1/2 (PipelineRun)
+  baselines.py      the stock-torch rows: torch-ddp, torch-fsdp2
+  loop.py           one rank's run: build, resume, train, validate, summarise
+  metering.py       peak tensor memory per rank (CPU meter or torch.cuda statistics)
+  faults.py         RINGZERO_FAULT, for the restart test
+  estimate_check.py ringzero.estimate's prediction for the same layout
+  report.py         the table with ratios to torch rows, and the PNG
+"""
+from .estimate_check import estimate_for_run
+from .faults import maybe_fault
+from .layout import BASELINES, RUNS, check_run, check_schedule
+from .loop import train_rank
+from .report import plot_compare, ratios, table
+
+_maybe_fault = maybe_fault  # the name tests/test_bad_calls.py imports
+
+__all__ = ["train_rank", "check_run", "check_schedule", "estimate_for_run", "maybe_fault", "plot_compare", "ratios",
+           "table", "BASELINES", "RUNS"]

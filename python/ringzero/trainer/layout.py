@@ -1,0 +1,85 @@
+"""What `ringzero train` checks before any rank starts: the names (strategies, torch baselines,
+schedule) and the layout of each run, with parallel.layout.Layout's rules (shared with the estimator)
+worded with this command's flags, plus what training adds (blocks per stage, batch splits, the
+schedule's own microbatch rules)."""
+from __future__ import annotations
+
+from ..parallel.layout import STRATEGIES, Layout, LayoutError
+from ..parallel.pipeline.schedules import SCHEDULES, make_plan
+
+BASELINES = ("torch-ddp", "torch-fsdp2")
+"""Stock torch rows for --compare: torch.nn.parallel.DistributedDataParallel and FSDP2's fully_shard."""
+RUNS = STRATEGIES + BASELINES
+BASELINE_LAYOUT = {"torch-ddp": "ddp", "torch-fsdp2": "zero3"}
+"""The ringzero strategy with the same memory layout: used for the estimate column and the checks."""
+SCHEDULE_NOTES = {
+    "Interleaved1F1B": "needs several stages per rank; ringzero train places one stage per rank",
+}
+"""Schedules that exist but that `ringzero train` cannot run, and why."""
+
+_CLI_WORDING = {
+    "pp_divides_world": "--pp {pp} must divide --nproc {world}",
+    "positive": "--{name} must be at least 1",
+}
+
+
+def layout_of(run: str, nproc: int, pp: int | None) -> Layout:
+    """The Layout of a run (a strategy or a torch baseline) on nproc ranks; ValueError worded with
+    this command's flags."""
+    strategy = BASELINE_LAYOUT.get(run, run)
+    try:
+        return Layout.of(strategy, nproc, pp)
+    except LayoutError as e:
+        wording = _CLI_WORDING.get(e.key)
+        raise ValueError(f"{run}: " + (wording.format(**e.values) if wording else str(e))) from None
+
+
+def check_schedule(schedule: str) -> str:
+    """The schedule name if `ringzero train` can run it; ValueError listing the valid names otherwise."""
+    valid = [s for s in SCHEDULES if s not in SCHEDULE_NOTES]
+    if schedule in SCHEDULE_NOTES:
+        raise ValueError(f"--schedule {schedule}: {SCHEDULE_NOTES[schedule]}; use one of {', '.join(valid)}")
+    if schedule not in SCHEDULES:
+        raise ValueError(f"--schedule {schedule!r} is not a schedule; use one of {', '.join(valid)}")
+    return schedule
+
+
+def check_run(run: str, nproc: int, pp: int | None, batch: int, microbatches: int, layers: int,
+              schedule: str = "1F1B", precision: str = "fp32") -> Layout:
+    """Raises ValueError, before any rank starts, for a run that cannot work; returns its Layout.
+    precision: the resolved one (device.precision_of), 'fp32' or 'bf16'."""
+    if run not in RUNS:
+        raise ValueError(f"unknown strategy {run!r}; choose from {', '.join(RUNS)}")
+    layout = layout_of(run, nproc, pp)
+    stages, dp = layout.pp, layout.dp
+    if run == "pp" and dp != 1:
+        raise ValueError(f"pp: --pp {stages} with --nproc {nproc} leaves {dp} data-parallel replicas; use pp+zero1 or "
+                         "pp+zero2 for that, or --pp equal to --nproc")
+    if stages > layers + 2:
+        raise ValueError(f"{run}: {stages} stages for {layers + 2} blocks (embedding, {layers} layers, head); "
+                         "use fewer stages or more --layers")
+    if batch % dp:
+        raise ValueError(f"{run}: --batch {batch} must divide among {dp} data-parallel replicas")
+    if layout.pipeline:
+        if (batch // dp) % microbatches:
+            raise ValueError(f"{run}: the per-replica batch {batch // dp} must divide into --microbatches {microbatches}")
+        check_schedule(schedule)
+        try:
+            plan = make_plan(schedule, stages, microbatches)
+        except ValueError as e:
+            raise ValueError(f"{run} with --schedule {schedule}: {e}") from None
+        if plan.split_backward and layout.zero_stage:
+            raise ValueError(f"{run}: --schedule {schedule} splits the backward, which ringzero's ZeRO wrappers do "
+                             "not support; use GPipe or 1F1B with pp+zero*, or --strategy pp")
+        if plan.split_backward and precision != "fp32":
+            # weight_grad.py's deferred Linear backward multiplies in the parameters' dtype (float32),
+            # which autocast's bf16 activations do not match.
+            raise ValueError(f"{run}: --schedule {schedule} runs in float32 only; add --precision fp32 or use "
+                             "GPipe or 1F1B")
+    return layout
+
+
+def estimator_schedule(schedule: str) -> str:
+    """The estimator's activation model for a runtime schedule: GPipe keeps all microbatches in
+    flight; 1F1B and ZB-H1 at most the stage count."""
+    return "gpipe" if schedule == "GPipe" else "1f1b"

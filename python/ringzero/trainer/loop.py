@@ -1,0 +1,148 @@
+"""One rank's run of one strategy or torch baseline: build, (resume), train, validate, summarise."""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+import ringzero
+
+from ..data import batch as make_batch
+from ..data import corpus_info, stdlib_corpus
+from ..models import GPT, GPTConfig
+from ..parallel.pipeline.transport import choose_transport
+from . import device as devices
+from .estimate_check import estimate_for_run
+from .faults import maybe_fault
+from .layout import BASELINES, layout_of
+from .metering import METERED_STEPS, PeakMemory
+from .strategies import DataParallelRun, PipelineRun, RankEnv
+
+
+def rank_env(args, run: str) -> RankEnv:
+    """This rank's device, precision, pipeline transport and baseline group (device.py's decisions).
+    Collective: a torch row on a shared GPU makes its group here."""
+    m = devices.machine(args.device)
+    device = devices.rank_device(args.device, m["local_rank"], m["device_count"])
+    group = None
+    if run in BASELINES:
+        backend = devices.baseline_backend(args.device, m["shared"], m["nccl"])
+        if backend is not None:
+            group = dist.new_group(backend=backend)
+    return RankEnv(device=device, precision=devices.precision_of(getattr(args, "precision", "auto"), args.device),
+                   transport=choose_transport(device.type, m["shared"], m["nccl"]), baseline_group=group)
+
+
+def make_run(run: str, model, args, env: RankEnv):
+    if run in BASELINES:
+        from .baselines import TorchBaselineRun
+
+        return TorchBaselineRun(run, model, args, env)
+    cls = PipelineRun if layout_of(run, dist.get_world_size(), args.pp).pipeline else DataParallelRun
+    return cls(run, model, args, env)
+
+
+def train_rank(args, run: str) -> dict:
+    """Trains on this rank; returns the run's summary (meaningful on rank 0), with each rank's peak
+    tensor memory (metering.py) and ringzero.estimate's prediction for the same layout."""
+    env = rank_env(args, run)
+    with PeakMemory(env.device) as peak:
+        summary, strategy_run = _train(args, run, env, stop_meter=peak.stop)
+    stats = torch.tensor([peak.tensor_bytes, peak.rss_bytes], dtype=torch.float64)
+    world = dist.get_world_size()
+    table = torch.empty(world * 2, dtype=torch.float64)
+    ringzero.all_gather_single(table, stats)
+    table = table.view(world, 2) / 2**20
+    summary.update(peak_mib_per_rank=float(table[:, 0].max()), peak_mib_by_rank=table[:, 0].tolist(),
+                   rss_mib_per_rank=float(table[:, 1].max()))
+    summary.update(estimate_for_run(args, run, world, getattr(strategy_run, "layers_per_stage", None)))
+    return summary
+
+
+def _resume(args, run, strategy_run) -> int:
+    from .. import checkpoint
+
+    obj, opt = strategy_run.checkpoint_objects()
+    if obj is None:
+        raise ValueError(f"--resume is not supported for {run}: checkpoints cover DDP and ZeRO runs")
+    try:
+        path = checkpoint.latest(args.checkpoint_dir)
+    except FileNotFoundError:
+        return 0  # nothing saved yet: a restart before the first checkpoint starts over
+    return checkpoint.load(path, obj, opt)["step"]
+
+
+def _save(args, run, strategy_run, step: int):
+    from .. import checkpoint
+
+    obj, opt = strategy_run.checkpoint_objects()
+    if obj is None:
+        raise ValueError(f"--save-every is not supported for {run}: checkpoints cover DDP and ZeRO runs")
+    checkpoint.save(args.checkpoint_dir, obj, opt, step=step)
+
+
+def _train(args, run: str, env: RankEnv, stop_meter=lambda: None):
+    """The run itself: returns (summary without memory figures, the strategy's run object)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if env.device.type == "cuda" and env.precision == "fp32":
+        torch.set_float32_matmul_precision("highest")  # fp32 means float32 matmuls, not TF32
+    torch.manual_seed(args.seed)
+    cfg = GPTConfig(seq_len=args.seq, n_layer=args.layers, n_head=args.heads, d_model=args.d_model)
+    model = GPT(cfg)  # built on the CPU from the seed: the same weights on every device
+    n_params = sum(p.numel() for p in model.parameters())
+    model = model.to(env.device)
+    train_data, val_data = stdlib_corpus()
+    strategy_run = make_run(run, model, args, env)
+    val_batches = [tuple(t.to(env.device) for t in make_batch(val_data, args.batch, args.seq, args.seed + 1, i))
+                   for i in range(args.val_batches)]
+    start = _resume(args, run, strategy_run) if args.resume else 0
+
+    bar = None
+    if rank == 0 and not args.no_progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=args.steps, initial=start, desc=run, unit="step", dynamic_ncols=True)
+    losses, vals, step_times = [], [], []
+    initial_val = strategy_run.val_loss(val_batches) if start == 0 else float("nan")
+    comm0 = ringzero.comm_seconds()
+    cuda = env.device.type == "cuda"
+    for step in range(start, args.steps):
+        if step == start + METERED_STEPS:
+            stop_meter()
+        maybe_fault(step)
+        x, y = (t.to(env.device) for t in make_batch(train_data, args.batch, args.seq, args.seed, step))
+        t0 = time.perf_counter()
+        loss = strategy_run.train_step(x, y, step)  # returns a host float: the step's GPU work is done
+        if cuda:
+            torch.cuda.synchronize(env.device)
+        step_times.append(time.perf_counter() - t0)
+        losses.append((step, loss))
+        if (args.val_every and (step + 1) % args.val_every == 0) or step + 1 == args.steps:
+            vals.append((step, strategy_run.val_loss(val_batches)))
+        if args.save_every and (step + 1) % args.save_every == 0:
+            _save(args, run, strategy_run, step + 1)
+        if bar is not None:
+            bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{args.batch * args.seq / step_times[-1]:.0f}", refresh=False)
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+
+    comm_s = torch.tensor([ringzero.comm_seconds() - comm0], dtype=torch.float64)
+    ringzero.all_reduce(comm_s, op=ringzero.ReduceOp.MAX)
+    # The first step includes one-time setup; the metered ones pay for counting.
+    timed = step_times[METERED_STEPS:] or step_times[1:] or step_times
+    step_s = sum(timed) / max(1, len(timed))
+    return {
+        "strategy": run, "ranks": world, "steps": args.steps, "start_step": start,
+        "params": n_params, "device": str(env.device.type), "precision": env.precision,
+        "pipeline_transport": env.transport if layout_of(run, world, args.pp).pipeline else None,
+        "corpus": corpus_info(),
+        "train_losses": losses, "val_losses": vals,
+        "final_train_loss": losses[-1][1] if losses else float("nan"),
+        "final_val_loss": vals[-1][1] if vals else float("nan"),
+        "initial_val_loss": initial_val,
+        "step_ms": step_s * 1e3, "tokens_per_s": args.batch * args.seq / step_s,
+        # ringzero's collectives only: a torch row's own communication is not counted, so it shows none.
+        "comm_s": None if run in BASELINES else float(comm_s),
+    }, strategy_run
