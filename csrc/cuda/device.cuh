@@ -9,6 +9,7 @@
 #include <cstdio>
 
 #include "cuda/peer_types.h"
+#include "cuda/schedule.h"
 
 namespace ringzero::cuda {
 
@@ -205,7 +206,10 @@ __device__ __forceinline__ void wait_at_least(const uint64_t* flag, uint64_t tar
 // Barrier between block blockIdx.x of every rank. On entry every write this block made (to its own
 // staging or a peer's) is released to the whole system; on exit every peer's block has entered, so
 // their earlier writes are visible here. Cost: one remote 8-byte store and one poll per peer.
-// Invariant: all ranks run the same number of barriers per block index, so epoch[b] is equal on all.
+// Invariant: all ranks run the same number of barriers per block index (same nblocks, same count), so
+// epoch[b] is equal on all and arrive[b][q] only grows. Only block b of each rank is synchronised:
+// whatever staging a block touches after a barrier must be what block b of the peers touched before it
+// (the fixed partition of oneshot.cu and twoshot.cu).
 __device__ __forceinline__ void block_barrier(const PeerTable& peers, int rank, uint64_t timeout_ns) {
   Signal* self = peers.signal[rank];
   const int b = blockIdx.x;
@@ -220,14 +224,10 @@ __device__ __forceinline__ void block_barrier(const PeerTable& peers, int rank, 
   if (threadIdx.x == 0) self->epoch[b] = target;
 }
 
-// The part [begin, end) of `len` elements that block `b` of `nblocks` owns, in whole packs, so that the
-// same block index owns the same elements on every rank (per-block barriers then suffice).
+// block_range (schedule.h) in whole packs of T.
 template <class T> __device__ __forceinline__ void block_part(size_t len, int b, int nblocks, size_t* begin,
                                                                size_t* end) {
-  constexpr size_t N = Pack<T>::N;
-  const size_t per = (len + nblocks * N - 1) / (nblocks * N) * N;
-  *begin = per * b < len ? per * b : len;
-  *end = *begin + per < len ? *begin + per : len;
+  block_range(len, b, nblocks, Pack<T>::N, begin, end);
 }
 
 }  // namespace ringzero::cuda

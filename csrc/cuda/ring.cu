@@ -12,6 +12,24 @@
 //   j = 1..N-2, recv(r+1).
 // Bytes moved per rank (S = message): about 6S (each step reads 1-2 and writes 1-2 slices of S/N).
 // Invariant: chunk k is reduced once (on rank k) and copied to all: bitwise-identical results.
+//
+// Synchronisation (channel c; counters in Signal, all only grow, across launches):
+//   - slot i of rank r's FIFO c is staging[r] + (c kRingSteps + i % kRingSteps) x slot; only the left
+//     neighbour writes it (its send number i), only rank r reads it (its receive number i);
+//   - ready[c] of rank r (written by the left neighbour, st.release.sys after the block's __syncthreads):
+//     slots < ready are full. Rank r's thread 0 acquires it (ld.acquire.sys) before __syncthreads lets
+//     the block read slot `recvd`;
+//   - freed[c] of the sender (written by rank r after its block finished reading slot i, release):
+//     the sender may overwrite slot i only once freed >= i + 1, i.e. send number `sent` waits for
+//     freed >= sent + 1 - kRingSteps. So a slot is never rewritten while its reader may still read it,
+//     whatever the slice length: the partition of a step among threads does not matter here, since
+//     the whole block waits (unlike oneshot/twoshot, whose barriers are per block index);
+//   - sends == receives per channel in every launch (2N-2 for all-reduce, N-1 otherwise), so steps[c]
+//     (private, written by thread 0 at the end, read at the next launch) is both counters' base;
+//   - the credit test uses the absolute counters, so the first sends of a launch wait for the receives
+//     of the previous launch's last slices (a rank's kernel may end before its right neighbour has
+//     read them): credits carry over, nothing is reset.
+// Reviewed for issue 15 (the staging race of one-shot/two-shot): no change needed here.
 #include "cuda/collectives.h"
 #include "cuda/dispatch.cuh"
 
