@@ -35,6 +35,7 @@ namespace {
 template <class T, class Op>
 __global__ void __launch_bounds__(kThreads) one_shot_kernel(CollArgs a) {
   const RankBuffers& me = a.ranks[blockIdx.y];
+  const Waiter w = waiter_of(a, me.rank);
   const int n = a.peers.nranks;
   const T* in = static_cast<const T*>(me.in);
   T* out = static_cast<T*>(me.out);
@@ -48,14 +49,14 @@ __global__ void __launch_bounds__(kThreads) one_shot_kernel(CollArgs a) {
     const size_t len = a.count - off < slice ? a.count - off : slice;
     const size_t lo = begin < len ? begin : len, hi = end < len ? end : len;
     copy_block(mine + lo, in + off + lo, hi - lo);
-    block_barrier(a.peers, me.rank, a.timeout_ns);
+    if (!block_barrier(w)) return;
     Span<T> red{};
     for (int q = 0; q < n; ++q) red.src[q] = reinterpret_cast<const T*>(a.peers.staging[q]) + lo;
     red.nsrc = n;
     red.dst[0] = out + off + lo;
     red.ndst = 1;
     reduce_span<T, Op>(red, hi - lo, a.divisor);
-    block_barrier(a.peers, me.rank, a.timeout_ns);
+    if (!block_barrier(w)) return;
   }
 }
 

@@ -39,24 +39,29 @@ namespace {
 template <class T, class Op>
 struct RingChannel {
   const PeerTable* peers;
+  Waiter w;
+  bool failed;  // a wait ran out: every later step returns at once (block-uniform)
   int rank, right, left, c;
   T* my_fifo;
   T* right_fifo;
   size_t slot_elems;
   uint64_t sent, recvd;
-  uint64_t timeout_ns;
 
   // One ring step over `len` elements: sources are the received slot (if recv) then `local` (if not
   // null), combined with Op; destinations are `out` (if not null) and the right neighbour's slot (if
   // send). `divisor` applies Avg on the step that completes a chunk.
   __device__ void step(bool recv, const T* local, T* out, bool send, size_t len, int divisor) {
+    if (failed) return;
     Signal* self = peers->signal[rank];
+    bool ok = true;
     if (threadIdx.x == 0) {
-      if (recv) wait_at_least(&self->ready[c], recvd + 1, timeout_ns, "ring data", rank, left);
-      if (send && sent + 1 > kRingSteps)
-        wait_at_least(&self->freed[c], sent + 1 - kRingSteps, timeout_ns, "ring credit", rank, right);
+      if (recv) ok = w.until(&self->ready[c], recvd + 1, WaitKind::RingData, left);
+      if (ok && send && sent + 1 > kRingSteps)
+        ok = w.until(&self->freed[c], sent + 1 - kRingSteps, WaitKind::RingCredit, right);
     }
-    __syncthreads();  // thread 0's acquire covers the whole block's reads below
+    // thread 0's acquire covers the whole block's reads below; a wait that ran out ends the channel
+    failed = __syncthreads_or(!ok);
+    if (failed) return;
     Span<T> s{};
     if (recv) s.src[s.nsrc++] = my_fifo + (recvd % kRingSteps) * slot_elems;
     if (local) s.src[s.nsrc++] = local;
@@ -86,6 +91,8 @@ __global__ void __launch_bounds__(kThreads) ring_kernel(CollArgs a) {
   const size_t slot_bytes = a.peers.staging_bytes / (static_cast<size_t>(nch) * kRingSteps) / 16 * 16;
   RingChannel<T, Op> ch;
   ch.peers = &a.peers;
+  ch.w = waiter_of(a, r);
+  ch.failed = false;
   ch.rank = r;
   ch.right = (r + 1) % n;
   ch.left = (r + n - 1) % n;
@@ -94,7 +101,6 @@ __global__ void __launch_bounds__(kThreads) ring_kernel(CollArgs a) {
   ch.my_fifo = reinterpret_cast<T*>(a.peers.staging[r] + static_cast<size_t>(c) * kRingSteps * slot_bytes);
   ch.right_fifo = reinterpret_cast<T*>(a.peers.staging[ch.right] + static_cast<size_t>(c) * kRingSteps * slot_bytes);
   ch.sent = ch.recvd = a.peers.signal[r]->steps[c];
-  ch.timeout_ns = a.timeout_ns;
   const T* in = static_cast<const T*>(me.in);
   T* out = static_cast<T*>(me.out);
   auto mod = [n](int k) { return ((k % n) + n) % n; };
@@ -147,7 +153,7 @@ __global__ void __launch_bounds__(kThreads) ring_kernel(CollArgs a) {
       }
     }
   }
-  if (threadIdx.x == 0) a.peers.signal[r]->steps[c] = ch.sent;
+  if (threadIdx.x == 0 && !ch.failed) a.peers.signal[r]->steps[c] = ch.sent;
 }
 
 template <class T, class Op> struct Ring {

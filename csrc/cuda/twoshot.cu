@@ -28,6 +28,7 @@ namespace {
 template <class T, class Op>
 __global__ void __launch_bounds__(kThreads) two_shot_kernel(CollArgs a) {
   const RankBuffers& me = a.ranks[blockIdx.y];
+  const Waiter w = waiter_of(a, me.rank);
   const int n = a.peers.nranks;
   const T* in = static_cast<const T*>(me.in);
   T* out = static_cast<T*>(me.out);
@@ -46,18 +47,18 @@ __global__ void __launch_bounds__(kThreads) two_shot_kernel(CollArgs a) {
       return lo >= len ? 0 : (hi < len ? hi : len) - lo;
     };
     for (int k = 0; k < n; ++k) copy_block(mine + k * chunk + b0, in + off + k * chunk + b0, chunk_len(k));
-    block_barrier(a.peers, me.rank, a.timeout_ns);
+    if (!block_barrier(w)) return;
     Span<T> red{};
     for (int q = 0; q < n; ++q) red.src[q] = reinterpret_cast<const T*>(a.peers.staging[q]) + me.rank * chunk + b0;
     red.nsrc = n;
     red.dst[0] = mine + me.rank * chunk + b0;
     red.ndst = 1;
     reduce_span<T, Op>(red, chunk_len(me.rank), a.divisor);
-    block_barrier(a.peers, me.rank, a.timeout_ns);
+    if (!block_barrier(w)) return;
     for (int k = 0; k < n; ++k)
       copy_block(out + off + k * chunk + b0, reinterpret_cast<const T*>(a.peers.staging[k]) + k * chunk + b0,
                  chunk_len(k));
-    block_barrier(a.peers, me.rank, a.timeout_ns);
+    if (!block_barrier(w)) return;
   }
 }
 
