@@ -71,8 +71,8 @@ if(RINGZERO_BUILD_TESTS)
   target_link_libraries(test_cuda PRIVATE ringzero_cuda)
   add_test(NAME cuda COMMAND test_cuda)
   set_tests_properties(cuda PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600)
-  # A rank that never arrives (simulated ranks, no torch).
-  foreach(t cuda_timeout)
+  # The fuzz (RINGZERO_FUZZ_SEED / RINGZERO_FUZZ_CASES; it prints its seed) and the missing-rank test.
+  foreach(t cuda_fuzz cuda_timeout)
     add_executable(test_${t} tests/cpp/test_${t}.cu)
     set_target_properties(test_${t} PROPERTIES CUDA_ARCHITECTURES "${RINGZERO_CUDA_ARCHS}")
     target_link_libraries(test_${t} PRIVATE ringzero_cuda)
