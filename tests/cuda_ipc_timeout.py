@@ -1,7 +1,8 @@
 """N processes on one GPU through CUDA IPC, one of which stops taking part: run by
-tests/test_cuda_timeout.py in a fresh interpreter (python tests/cuda_ipc_timeout.py N MODE ALGO).
-  MODE absent: the last rank skips one all-reduce (alive, waiting at a gloo barrier);
-  MODE dead:   the last rank exits (os._exit) instead of calling it.
+tests/test_cuda_timeout.py in a fresh interpreter (python tests/cuda_ipc_timeout.py N MODE).
+  MODE absent: for each algorithm (one group each), the last rank skips one all-reduce (alive,
+               waiting at a gloo barrier);
+  MODE dead:   the last rank exits (os._exit) instead of calling a ring all-reduce.
 The other ranks must raise ringzero.CommTimeout naming the missing rank within about RINGZERO_TIMEOUT_S
 (RINGZERO_CUDA_BLOCKING_WAIT=1: the blocking call waits for its kernel on the host), and their process
 must stay usable: CUDA work afterwards succeeds, and a later call on the group refuses at once with the
@@ -20,10 +21,10 @@ from harness import run_ranks  # noqa: E402
 TIMEOUT_S = 4
 
 
-def body(rank, world, mode, algo):
+def one_missing(rank, world, mode):
+    """One group, a warm-up all-reduce on every rank, then one the last rank does not call."""
     import ringzero
 
-    torch.cuda.set_device(0)
     missing = world - 1
     # A short gloo timeout for the group: its teardown meets the ranks (CudaPath.close), a dead one never.
     group = dist.new_group(list(range(world)), timeout=datetime.timedelta(seconds=20))
@@ -62,11 +63,20 @@ def body(rank, world, mode, algo):
     return f"raised after {took:.1f} s"
 
 
+def body(rank, world, mode):
+    torch.cuda.set_device(0)
+    results = []
+    for algo in (["oneshot", "twoshot", "ring"] if mode == "absent" else ["ring"]):
+        os.environ["RINGZERO_ALLREDUCE_ALGO"] = algo  # read when the group's communicator is made
+        results.append(f"{algo}: {one_missing(rank, world, mode)}")
+    return results
+
+
 if __name__ == "__main__":
-    world, mode, algo = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-    env = {"RINGZERO_TIMEOUT_S": str(TIMEOUT_S), "RINGZERO_CUDA_BLOCKING_WAIT": "1", "RINGZERO_ALLREDUCE_ALGO": algo,
+    world, mode = int(sys.argv[1]), sys.argv[2]
+    env = {"RINGZERO_TIMEOUT_S": str(TIMEOUT_S), "RINGZERO_CUDA_BLOCKING_WAIT": "1",
            "RINGZERO_CUDA_BUFFER_BYTES": str(256 << 10), "RINGZERO_CUDA_RING_CHANNELS": "2",
            "RINGZERO_CUDA_MAX_BLOCKS": "4"}
-    results = run_ranks(world, body, mode, algo, env=env, timeout_s=120,
+    results = run_ranks(world, body, mode, env=env, timeout_s=150,
                         expect_exit={world - 1: True} if mode == "dead" else None)
     print(f"ok {world} ranks: {results}")

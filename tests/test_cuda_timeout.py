@@ -4,19 +4,18 @@ context). Reference: the rank the script leaves out. N processes on one GPU thro
 (tests/cuda_ipc_timeout.py); the same without torch on simulated ranks is tests/cpp/test_cuda_timeout.cu.
 Skips without CUDA (a skip is not a pass: benchmarks/gpu_check.sh runs it on a GPU).
 """
-import pytest
-
 from cuda_util import gpu, run_script
 
 
 @gpu
-@pytest.mark.parametrize("algo", ["oneshot", "twoshot", "ring"])
-def test_absent_peer_raises_comm_timeout(algo):
-    out = run_script("cuda_ipc_timeout.py", "3", "absent", algo, timeout_s=150)
+def test_absent_peer_raises_comm_timeout():
+    """One-shot, two-shot and ring, one group each: the last rank skips one all-reduce."""
+    out = run_script("cuda_ipc_timeout.py", "3", "absent", timeout_s=170)
     assert "ok 3 ranks" in out, out
 
 
 @gpu
 def test_dead_peer_raises_comm_timeout():
-    out = run_script("cuda_ipc_timeout.py", "3", "dead", "ring", timeout_s=150)
+    """The last rank exits instead of a ring all-reduce (the others wait for it through a chain)."""
+    out = run_script("cuda_ipc_timeout.py", "3", "dead", timeout_s=170)
     assert "ok 3 ranks" in out, out
