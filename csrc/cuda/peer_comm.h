@@ -81,6 +81,9 @@ class PeerComm {
 
   // Throws CommTimeoutError (naming the ranks) if an earlier launch of this communicator timed out:
   // its counters no longer agree with the peers', so it never launches again.
+  // Launches of one communicator must be ordered on one stream (comm/cuda.py uses one side stream):
+  // staging may be reused by the next launch only because this rank's previous kernel has ended,
+  // which implies every peer has finished reading it (the last barrier; the ring's credits).
   void run(Coll coll, const void* in, void* out, size_t count, DType dtype, ReduceOp op, Algo algo,
            cudaStream_t stream);
   // After the collective (stream synchronised): throws CommTimeoutError if one of its waits ran out.
