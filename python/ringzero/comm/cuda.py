@@ -20,7 +20,8 @@ context stays usable). The host raises ringzero.CommTimeout naming the rank that
     a host wait. Until then the output of the timed-out call holds partial values.
 A communicator whose kernel timed out refuses every later call (its flags no longer agree).
 
-Verified only by compilation so far: no GPU was available where this was written (see README).
+Ran on a GPU once (an H100, 2026-11-22: shared/evidence, before the issue-15 fix); the timeout path
+and the fuzz have been compiled only, not run on a GPU yet.
 """
 from __future__ import annotations
 
