@@ -197,6 +197,59 @@ __device__ __forceinline__ uint64_t global_timer_ns() {
 // comm/cuda.py); the counters of the ranks no longer agree, so the communicator refuses every later
 // launch. Memory order: the record's fields, then __threadfence_system, then the code (the host reads
 // the code first); stuck_on is a st.release.sys read with ld.acquire.sys by peers.
+// The slow path's view of a wait that ran out, by value: passing a pointer into the kernel's
+// parameters to a non-inlined function would make every thread copy them to local memory (ptxas showed
+// 560-byte stack frames), and inlining the slow path made ptxas spill in the ring's hot loop.
+struct StuckWait {
+  Signal* signal[kMaxRanks];
+  RunStatus* status;
+  uint32_t* claim;
+  const uint64_t* flag;
+  uint64_t target, timeout_ns;
+  int nranks, rank, peer;
+  WaitKind what;
+};
+
+// The first rank along peer's chain of stuck_on words that is not itself stuck: in a ring, rank d+2
+// waits for d+1, which waits for the dead rank d. A peer that is stuck too gives up within about the
+// same time (its wait began earlier), so each hop grants it a grace (a quarter of the timeout, at most
+// 100 ms) to say so before it is named.
+static __device__ __noinline__ int stuck_culprit(const StuckWait& w) {
+  const uint64_t grace = w.timeout_ns / 4 < 100000000ull ? w.timeout_ns / 4 : 100000000ull;
+  int p = w.peer;
+  for (int hop = 0; hop < w.nranks; ++hop) {
+    const uint64_t* word = &w.signal[p]->stuck_on;
+    uint64_t s = load_acquire_sys(word);
+    for (const uint64_t t0 = global_timer_ns(); s == 0 && global_timer_ns() - t0 < grace;) s = load_acquire_sys(word);
+    if (s == 0 || s > static_cast<uint64_t>(w.nranks)) return p;
+    if (static_cast<int>(s - 1) == w.rank) return w.peer;  // p waits for us: a cycle (different collectives)
+    p = static_cast<int>(s - 1);
+  }
+  return w.peer;
+}
+
+// Publishes stuck_on, and records the timeout if this is the communicator's first (see the Note).
+static __device__ __noinline__ void give_up(StuckWait w) {
+  store_release_sys(&w.signal[w.rank]->stuck_on, static_cast<uint64_t>(w.peer) + 1);
+  if (atomicCAS(w.claim, 0u, 1u) != 0u) return;
+  volatile RunStatus* st = w.status;
+  const uint64_t seen = load_acquire_sys(w.flag);
+  st->rank = w.rank;
+  st->peer = w.peer;
+  st->culprit = stuck_culprit(w);
+  st->block = static_cast<int>(blockIdx.x);
+  st->what = static_cast<int32_t>(w.what);
+  st->flag = seen;
+  st->target = w.target;
+  __threadfence_system();  // the fields before the code: a host that sees the code sees them
+  st->code = kTimedOut;
+  __threadfence_system();
+  printf("ringzero: rank %d block %d timed out waiting for rank %d (flag %llu, want %llu); returning early "
+         "(the host raises CommTimeout)\n",
+         w.rank, static_cast<int>(blockIdx.x), w.peer, static_cast<unsigned long long>(seen),
+         static_cast<unsigned long long>(w.target));
+}
+
 struct Waiter {
   const PeerTable* peers;
   RunStatus* status;    // mapped host memory
@@ -204,55 +257,27 @@ struct Waiter {
   uint64_t timeout_ns;
   int rank;
 
-  // The first rank along peer's chain of stuck_on words that is not itself stuck: in a ring, rank d+2
-  // waits for d+1, which waits for the dead rank d. A peer that is stuck too gives up within about the
-  // same time (its wait began earlier), so each hop grants it a grace (a quarter of the timeout, at
-  // most 100 ms) to say so before it is named.
-  __device__ int culprit(int peer) const {
-    const uint64_t grace = timeout_ns / 4 < 100000000ull ? timeout_ns / 4 : 100000000ull;
-    int p = peer;
-    for (int hop = 0; hop < peers->nranks; ++hop) {
-      const uint64_t* word = &peers->signal[p]->stuck_on;
-      uint64_t s = load_acquire_sys(word);
-      for (const uint64_t t0 = global_timer_ns(); s == 0 && global_timer_ns() - t0 < grace;)
-        s = load_acquire_sys(word);
-      if (s == 0 || s > static_cast<uint64_t>(peers->nranks)) return p;
-      if (static_cast<int>(s - 1) == rank) return peer;  // p waits for us: a cycle (different collectives)
-      p = static_cast<int>(s - 1);
-    }
-    return peer;
-  }
-
-  __device__ __noinline__ void give_up(const uint64_t* flag, uint64_t target, WaitKind what, int peer) const {
-    store_release_sys(&peers->signal[rank]->stuck_on, static_cast<uint64_t>(peer) + 1);
-    if (atomicCAS(claim, 0u, 1u) != 0u) return;
-    volatile RunStatus* st = status;
-    st->rank = rank;
-    st->peer = peer;
-    st->culprit = culprit(peer);
-    st->block = static_cast<int>(blockIdx.x);
-    st->what = static_cast<int32_t>(what);
-    st->flag = load_acquire_sys(flag);
-    st->target = target;
-    __threadfence_system();  // the fields before the code: a host that sees the code sees them
-    st->code = kTimedOut;
-    __threadfence_system();
-    printf("ringzero: rank %d block %d timed out waiting for rank %d (flag %llu, want %llu); returning early "
-           "(the host raises CommTimeout)\n",
-           rank, static_cast<int>(blockIdx.x), peer, static_cast<unsigned long long>(st->flag),
-           static_cast<unsigned long long>(target));
-  }
-
   // Spins until *flag >= target (acquire, system scope): true. False when the wait ran out (recorded
   // as above) or another wait of this communicator already did. `what`/`peer` only feed the record.
-  __device__ bool until(const uint64_t* flag, uint64_t target, WaitKind what, int peer) const {
+  __device__ __forceinline__ bool until(const uint64_t* flag, uint64_t target, WaitKind what, int peer) const {
     if (load_acquire_sys(flag) >= target) return true;
     const uint64_t start = global_timer_ns();
     for (uint32_t spins = 1;; ++spins) {
       if (load_acquire_sys(flag) >= target) return true;
       if ((spins & 1023u) == 0) {
         if (global_timer_ns() - start > timeout_ns) {  // first: a wait that ran out says so (stuck_on)
-          give_up(flag, target, what, peer);
+          StuckWait w;
+          for (int q = 0; q < kMaxRanks; ++q) w.signal[q] = q < peers->nranks ? peers->signal[q] : nullptr;
+          w.status = status;
+          w.claim = claim;
+          w.flag = flag;
+          w.target = target;
+          w.timeout_ns = timeout_ns;
+          w.nranks = peers->nranks;
+          w.rank = rank;
+          w.peer = peer;
+          w.what = what;
+          give_up(w);
           return false;
         }
         if (*reinterpret_cast<volatile uint32_t*>(claim) != 0u) return false;

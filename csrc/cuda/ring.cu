@@ -39,13 +39,13 @@ namespace {
 template <class T, class Op>
 struct RingChannel {
   const PeerTable* peers;
-  Waiter w;
   bool failed;  // a wait ran out: every later step returns at once (block-uniform)
   int rank, right, left, c;
   T* my_fifo;
   T* right_fifo;
   size_t slot_elems;
   uint64_t sent, recvd;
+  uint64_t timeout_ns;
 
   // One ring step over `len` elements: sources are the received slot (if recv) then `local` (if not
   // null), combined with Op; destinations are `out` (if not null) and the right neighbour's slot (if
@@ -55,6 +55,7 @@ struct RingChannel {
     Signal* self = peers->signal[rank];
     bool ok = true;
     if (threadIdx.x == 0) {
+      const Waiter w{peers, peers->status, peers->claim, timeout_ns, rank};  // made here: fewer live registers
       if (recv) ok = w.until(&self->ready[c], recvd + 1, WaitKind::RingData, left);
       if (ok && send && sent + 1 > kRingSteps)
         ok = w.until(&self->freed[c], sent + 1 - kRingSteps, WaitKind::RingCredit, right);
@@ -82,8 +83,11 @@ struct Piece {
   size_t off, len;
 };
 
+// Min 1 block per SM: a channel is one persistent block and SimWorld keeps channels x ranks <= SMs, so
+// occupancy above 1 buys nothing; without it ptxas capped 8 of the 20 instantiations at 64 registers
+// and spilled ~530 bytes per thread (200+ in all 20 once the timeout path was added), with it 4-8 bytes.
 template <class T, class Op>
-__global__ void __launch_bounds__(kThreads) ring_kernel(CollArgs a) {
+__global__ void __launch_bounds__(kThreads, 1) ring_kernel(CollArgs a) {
   const RankBuffers& me = a.ranks[blockIdx.y];
   const int n = a.peers.nranks, r = me.rank, c = blockIdx.x, nch = gridDim.x;
   const RingKind kind = static_cast<RingKind>(a.variant);
@@ -91,7 +95,6 @@ __global__ void __launch_bounds__(kThreads) ring_kernel(CollArgs a) {
   const size_t slot_bytes = a.peers.staging_bytes / (static_cast<size_t>(nch) * kRingSteps) / 16 * 16;
   RingChannel<T, Op> ch;
   ch.peers = &a.peers;
-  ch.w = waiter_of(a, r);
   ch.failed = false;
   ch.rank = r;
   ch.right = (r + 1) % n;
@@ -101,6 +104,7 @@ __global__ void __launch_bounds__(kThreads) ring_kernel(CollArgs a) {
   ch.my_fifo = reinterpret_cast<T*>(a.peers.staging[r] + static_cast<size_t>(c) * kRingSteps * slot_bytes);
   ch.right_fifo = reinterpret_cast<T*>(a.peers.staging[ch.right] + static_cast<size_t>(c) * kRingSteps * slot_bytes);
   ch.sent = ch.recvd = a.peers.signal[r]->steps[c];
+  ch.timeout_ns = a.timeout_ns;
   const T* in = static_cast<const T*>(me.in);
   T* out = static_cast<T*>(me.out);
   auto mod = [n](int k) { return ((k % n) + n) % n; };
