@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # The one command for a machine with a GPU: builds the CUDA layers (and ringzero._C with them when
-# torch has CUDA), runs the C++ and Python GPU tests and the CUDA benchmark, and writes everything
-# under $OUT when set, else under benchmarks/results/.
-#   bash benchmarks/gpu_check.sh            # everything (typically 3-6 minutes on a 16-core GPU machine)
-#   bash benchmarks/gpu_check.sh build      # or one step: build | ctest | pytest | bench (a run must fit
-#                                           # 10 minutes on a lent machine; steps after build reuse build/gpu)
-# Needs nvcc, cmake and ninja; the Python half also needs a CUDA build of torch (it says so and fails
-# otherwise). Uses the nvidia-nccl-cu13 wheel when installed; needs no network. One build directory
-# serves both halves, and every step has a time limit, so the run stays under 10 minutes.
+# torch has CUDA), runs the C++ and Python GPU tests (the fuzz of every collective on simulated ranks
+# and over N processes, and the missing-peer timeout tests among them) and the CUDA benchmarks, and
+# writes everything under $OUT when set, else under benchmarks/results/.
+#   bash benchmarks/gpu_check.sh            # everything, in at most 10 minutes (GPU_CHECK_BUDGET_S=570)
+#   bash benchmarks/gpu_check.sh build      # or one step: build | ctest | pytest | bench (steps after
+#                                           # build reuse build/gpu)
+# Each step has its own time limit, cut to what is left of the budget; a step the budget no longer
+# covers is reported NOT RUN and fails the run. RINGZERO_FUZZ_SEED (printed; random when unset) and
+# RINGZERO_FUZZ_CASES (default 300) drive both fuzzers. Needs nvcc, cmake and ninja; the Python half
+# also needs a CUDA build of torch (it says so and fails otherwise). Uses the nvidia-nccl-cu13 wheel
+# when installed; needs no network.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -22,8 +25,23 @@ STEP=${1:-all}
 case "$STEP" in all|build|ctest|pytest|bench) ;; *) echo "usage: $0 [all|build|ctest|pytest|bench]"; exit 2;; esac
 want() { [ "$STEP" = all ] || [ "$STEP" = "$1" ]; }
 status=0
+DEADLINE=$(( $(date +%s) + ${GPU_CHECK_BUDGET_S:-570} ))
+# step LIMIT_S NAME CMD...: runs CMD under min(LIMIT_S, what is left of the budget); a failure or a
+# timeout sets status=1.
+step() {
+  local limit=$1 name=$2 left
+  shift 2
+  left=$(( DEADLINE - $(date +%s) ))
+  if [ "$left" -lt 20 ]; then echo "== $name NOT RUN: the time budget is spent"; status=1; return 0; fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  echo "== $name (time limit ${limit} s)"
+  if ! timeout -k 10 "$limit" "$@"; then echo "== $name FAILED or ran past ${limit} s"; status=1; fi
+}
+export RINGZERO_FUZZ_SEED=${RINGZERO_FUZZ_SEED:-$(( (RANDOM << 15) | RANDOM ))}
+export RINGZERO_FUZZ_CASES=${RINGZERO_FUZZ_CASES:-300}
 
 echo "== ringzero gpu_check, $(date -u '+%Y-%m-%d %H:%M:%S UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+echo "fuzz: RINGZERO_FUZZ_SEED=$RINGZERO_FUZZ_SEED RINGZERO_FUZZ_CASES=$RINGZERO_FUZZ_CASES (set them to repeat this run)"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || echo "nvidia-smi: not available"
 nvcc --version | tail -2
 "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'available', torch.cuda.is_available())"
@@ -39,12 +57,16 @@ if [ $TORCH_CUDA = 1 ]; then
 fi
 # --threads=0: nvcc compiles sm_80 and sm_90 of one file in parallel (ring.cu is the long pole).
 cmake -S . -B build/gpu -G Ninja "${CFG[@]}" -DCMAKE_CUDA_FLAGS=--threads=0
-if want build || [ ! -f build/gpu/test_cuda ]; then timeout 360 cmake --build build/gpu -j "$JOBS"; fi
+if want build || [ ! -f build/gpu/test_cuda_fuzz ]; then
+  step 300 "build" cmake --build build/gpu -j "$JOBS"
+  [ $status = 0 ] || { echo "== gpu_check: the build failed; nothing else runs"; exit 1; }
+fi
 
 if want ctest; then
-  echo "== 2. C++ tests (ctest)"
-  if ! timeout 150 ctest --test-dir build/gpu --output-on-failure | tee "$RESULTS/ctest_$STAMP.txt"; then status=1; fi
-  if grep -q "Skipped" "$RESULTS/ctest_$STAMP.txt"; then
+  # cuda (fixed cases), cuda_fuzz (random, seed above), cuda_timeout (a rank that never arrives), core, adam
+  # -V: every test's own lines reach the log (the fuzz's seed, the check counts)
+  step 170 "2. C++ tests (ctest)" bash -c "set -o pipefail; ctest --test-dir build/gpu -V | tee '$RESULTS/ctest_$STAMP.txt'"
+  if grep -q "Skipped" "$RESULTS/ctest_$STAMP.txt" 2>/dev/null; then
     echo "gpu_check: a CUDA test skipped, so no GPU was visible to it"; status=1
   fi
 fi
@@ -53,20 +75,19 @@ if [ $TORCH_CUDA = 1 ]; then
   export PYTHONPATH="$ROOT/python${PYTHONPATH:+:$PYTHONPATH}"
   "$PY" -c "import ringzero, ringzero._C as C; print(ringzero.__file__, 'has_cuda', C.has_cuda, 'has_nccl', C.has_nccl)"
   if want pytest; then
-    echo "== 3. Python GPU tests"
-    if ! timeout 240 "$PY" -m pytest -q -rs tests/test_cuda.py; then status=1; fi
+    step 220 "3. Python GPU tests (fixed cases, fuzz, missing peer)" "$PY" -m pytest -q -rs \
+      tests/test_cuda.py tests/test_cuda_fuzz.py tests/test_cuda_timeout.py
   fi
   if want bench; then
-    echo "== 4. CUDA benchmark"
-    if ! timeout 150 "$PY" benchmarks/bench_cuda.py --out "$RESULTS/bench_cuda_$STAMP.txt"; then status=1; fi
+    step 150 "4. CUDA benchmark" "$PY" benchmarks/bench_cuda.py --out "$RESULTS/bench_cuda_$STAMP.txt"
   fi
 elif want pytest || want bench; then
   echo "== 3 NOT RUN: this torch has no CUDA, so the Python GPU tests cannot run here"
   status=1
 fi
 if want bench; then
-  echo "== 5. CUDA kernel benchmark without torch (layers 2-3)"
-  if ! timeout 150 build/gpu/bench_cuda_kernels | tee "$RESULTS/bench_cuda_kernels_$STAMP.txt"; then status=1; fi
+  step 120 "5. CUDA kernel benchmark without torch (layers 2-3)" bash -c \
+    "set -o pipefail; build/gpu/bench_cuda_kernels | tee '$RESULTS/bench_cuda_kernels_$STAMP.txt'"
 fi
 echo "== gpu_check done, status $status; log: $LOG"
 exit $status

@@ -9,10 +9,6 @@ kernel, graph capture and replay, the NCCL ring driver over the loopback transpo
 one GPU through CUDA IPC (N = 2, 4; small sizes). Every GPU test skips cleanly without CUDA; the first
 test runs everywhere and checks what a build without CUDA says.
 """
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -20,8 +16,7 @@ import ringzero
 from ringzero import _C
 from ringzero.comm import cuda as rz_cuda
 
-HAS_GPU = getattr(_C, "has_cuda", False) and torch.cuda.is_available()
-gpu = pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU and a CUDA build of ringzero (benchmarks/gpu_check.sh)")
+from cuda_util import check, gpu, make, reference, run_script
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64]
 OPS = [ringzero.ReduceOp.SUM, ringzero.ReduceOp.AVG, ringzero.ReduceOp.MIN, ringzero.ReduceOp.MAX,
@@ -43,38 +38,6 @@ def test_other_devices_are_refused():
     """Runs everywhere: a tensor that is neither CPU nor CUDA gets a ValueError naming the fix."""
     with pytest.raises(ValueError, match="CPU and CUDA tensors only"):
         ringzero.all_reduce(torch.ones(3, device="meta"))
-
-
-def make(rank, n, dtype, device="cuda", salt=0):
-    """Small nonzero integers in [-3, 3] varying with rank and position."""
-    i = torch.arange(n, dtype=torch.int64, device=device)
-    v = (i * 5 + rank * 3 + salt) % 7 - 3
-    return torch.where(v == 0, torch.ones_like(v), v).to(dtype)
-
-
-def reference(xs, op, world):
-    wide = torch.float64 if xs[0].dtype.is_floating_point else torch.int64
-    s = torch.stack([x.to(wide) for x in xs])
-    if op in (ringzero.ReduceOp.SUM, ringzero.ReduceOp.AVG):
-        r = s.sum(0)
-        if op == ringzero.ReduceOp.AVG:
-            r = r / world if wide == torch.float64 else torch.div(r, world, rounding_mode="trunc")
-    elif op == ringzero.ReduceOp.MIN:
-        r = s.min(0).values
-    elif op == ringzero.ReduceOp.MAX:
-        r = s.max(0).values
-    else:
-        r = s.prod(0)
-    return r.to(xs[0].dtype)
-
-
-def check(got, want, tag, rounded=False, world=1):
-    if rounded:  # 16-bit products on the ring: one rounding per step
-        eps = 2 ** -8 if got.dtype == torch.bfloat16 else 2 ** -11
-        torch.testing.assert_close(got.double(), want.double(), rtol=world * eps, atol=0, msg=lambda m: f"{tag}: {m}")
-    elif not torch.equal(got, want):
-        bad = (got != want).nonzero()[:5].flatten().tolist()
-        raise AssertionError(f"{tag}: first differing positions {bad}: got {got[bad].tolist()} want {want[bad].tolist()}")
 
 
 @gpu
@@ -178,9 +141,5 @@ def test_processes_on_one_gpu_through_ipc(world):
     """N processes on one GPU, real IPC handles and cross-process flags (contexts time-slice: small
     sizes only, never timed). Runs in a fresh interpreter: this one has initialised CUDA, and forked
     children could not."""
-    script = os.path.join(os.path.dirname(__file__), "cuda_ipc_ranks.py")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(ringzero.__path__[0]),
-                                                        os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, script, str(world)], env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, f"stdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}"
-    assert f"ok {world} ranks" in proc.stdout
+    out = run_script("cuda_ipc_ranks.py", str(world), timeout_s=900)
+    assert f"ok {world} ranks" in out

@@ -1,6 +1,6 @@
 // Device-side building blocks shared by every CUDA kernel of layer 2: element traits (16-bit floats
-// accumulate in float32), 16-byte packs, the element-wise reduction over up to kMaxRanks sources, and
-// system-scope flags with a bounded spin.
+// accumulate in float32), 16-byte packs, the element-wise reduction over up to kMaxRanks sources,
+// system-scope flags, and waits that end (a timeout is recorded and the kernel returns, never traps).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -9,6 +9,7 @@
 #include <cstdio>
 
 #include "cuda/peer_types.h"
+#include "cuda/schedule.h"
 
 namespace ringzero::cuda {
 
@@ -183,51 +184,144 @@ __device__ __forceinline__ uint64_t global_timer_ns() {
   return t;
 }
 
-// Spins until *flag >= target. Past timeout_ns it prints who waited for what and traps: the launch
-// fails with an error the host sees at its next synchronisation, instead of hanging or returning a
-// half-reduced buffer. `what`/`peer` only feed the message.
-__device__ __forceinline__ void wait_at_least(const uint64_t* flag, uint64_t target, uint64_t timeout_ns,
-                                              const char* what, int rank, int peer) {
-  if (load_acquire_sys(flag) >= target) return;
-  const uint64_t start = global_timer_ns();
-  for (uint32_t spins = 1;; ++spins) {
-    if (load_acquire_sys(flag) >= target) return;
-    if ((spins & 1023u) == 0 && global_timer_ns() - start > timeout_ns) {
-      printf("ringzero: rank %d block %d timed out waiting for %s of rank %d (flag %llu, want %llu); "
-             "a peer died or called a different collective\n",
-             rank, static_cast<int>(blockIdx.x), what, peer, static_cast<unsigned long long>(*flag),
-             static_cast<unsigned long long>(target));
-      __trap();
+// ---- waits that end -------------------------------------------------------------------------------
+// [Note: a wait that runs out] A kernel never traps (a trap poisons the CUDA context: the process could
+// not even free its memory). A wait past timeout_ns instead (1) publishes "stuck on peer" in this
+// rank's Signal::stuck_on, (2) records who waited for what in the communicator's mapped RunStatus (the
+// first wait to run out claims it with an atomicCAS on a device word; later ones only return), and
+// (3) returns false; the block then returns (block-uniformly, through __syncthreads_or). Every other
+// wait of the same communicator sees the claim within 1024 spins and gives up too (after publishing
+// its own stuck_on if it has waited past timeout_ns as well), so a launch with a missing peer ends
+// about timeout_ns after its first wait began; a kernel never waits on the host. The host reads
+// RunStatus after the collective and raises CommTimeout naming the missing rank (peer_comm.cpp,
+// comm/cuda.py); the counters of the ranks no longer agree, so the communicator refuses every later
+// launch. Memory order: the record's fields, then __threadfence_system, then the code (the host reads
+// the code first); stuck_on is a st.release.sys read with ld.acquire.sys by peers.
+// The slow path's view of a wait that ran out, by value: passing a pointer into the kernel's
+// parameters to a non-inlined function would make every thread copy them to local memory (ptxas showed
+// 560-byte stack frames), and inlining the slow path made ptxas spill in the ring's hot loop.
+struct StuckWait {
+  Signal* signal[kMaxRanks];
+  RunStatus* status;
+  uint32_t* claim;
+  const uint64_t* flag;
+  uint64_t target, timeout_ns;
+  int nranks, rank, peer;
+  WaitKind what;
+};
+
+// The first rank along peer's chain of stuck_on words that is not itself stuck: in a ring, rank d+2
+// waits for d+1, which waits for the dead rank d. A peer that is stuck too gives up within about the
+// same time (its wait began earlier), so each hop grants it a grace (a quarter of the timeout, at most
+// 100 ms) to say so before it is named.
+static __device__ __noinline__ int stuck_culprit(const StuckWait& w) {
+  const uint64_t grace = w.timeout_ns / 4 < 100000000ull ? w.timeout_ns / 4 : 100000000ull;
+  int p = w.peer;
+  for (int hop = 0; hop < w.nranks; ++hop) {
+    const uint64_t* word = &w.signal[p]->stuck_on;
+    uint64_t s = load_acquire_sys(word);
+    for (const uint64_t t0 = global_timer_ns(); s == 0 && global_timer_ns() - t0 < grace;) s = load_acquire_sys(word);
+    if (s == 0 || s > static_cast<uint64_t>(w.nranks)) return p;
+    if (static_cast<int>(s - 1) == w.rank) return w.peer;  // p waits for us: a cycle (different collectives)
+    p = static_cast<int>(s - 1);
+  }
+  return w.peer;
+}
+
+// Publishes stuck_on, and records the timeout if this is the communicator's first (see the Note).
+static __device__ __noinline__ void give_up(StuckWait w) {
+  store_release_sys(&w.signal[w.rank]->stuck_on, static_cast<uint64_t>(w.peer) + 1);
+  if (atomicCAS(w.claim, 0u, 1u) != 0u) return;
+  volatile RunStatus* st = w.status;
+  const uint64_t seen = load_acquire_sys(w.flag);
+  st->rank = w.rank;
+  st->peer = w.peer;
+  st->culprit = stuck_culprit(w);
+  st->block = static_cast<int>(blockIdx.x);
+  st->what = static_cast<int32_t>(w.what);
+  st->flag = seen;
+  st->target = w.target;
+  __threadfence_system();  // the fields before the code: a host that sees the code sees them
+  st->code = kTimedOut;
+  __threadfence_system();
+  printf("ringzero: rank %d block %d timed out waiting for rank %d (flag %llu, want %llu); returning early "
+         "(the host raises CommTimeout)\n",
+         w.rank, static_cast<int>(blockIdx.x), w.peer, static_cast<unsigned long long>(seen),
+         static_cast<unsigned long long>(w.target));
+}
+
+struct Waiter {
+  const PeerTable* peers;
+  RunStatus* status;    // mapped host memory
+  uint32_t* claim;      // device word: nonzero once a wait of this communicator has run out
+  uint64_t timeout_ns;
+  int rank;
+
+  // Spins until *flag >= target (acquire, system scope): true. False when the wait ran out (recorded
+  // as above) or another wait of this communicator already did. `what`/`peer` only feed the record.
+  __device__ __forceinline__ bool until(const uint64_t* flag, uint64_t target, WaitKind what, int peer) const {
+    if (load_acquire_sys(flag) >= target) return true;
+    const uint64_t start = global_timer_ns();
+    for (uint32_t spins = 1;; ++spins) {
+      if (load_acquire_sys(flag) >= target) return true;
+      if ((spins & 1023u) == 0) {
+        if (global_timer_ns() - start > timeout_ns) {  // first: a wait that ran out says so (stuck_on)
+          StuckWait w;
+          for (int q = 0; q < kMaxRanks; ++q) w.signal[q] = q < peers->nranks ? peers->signal[q] : nullptr;
+          w.status = status;
+          w.claim = claim;
+          w.flag = flag;
+          w.target = target;
+          w.timeout_ns = timeout_ns;
+          w.nranks = peers->nranks;
+          w.rank = rank;
+          w.peer = peer;
+          w.what = what;
+          give_up(w);
+          return false;
+        }
+        if (*reinterpret_cast<volatile uint32_t*>(claim) != 0u) return false;
+      }
     }
   }
+};
+
+// The waiter of rank `rank` in launch `a`.
+__device__ __forceinline__ Waiter waiter_of(const CollArgs& a, int rank) {
+  return Waiter{&a.peers, a.peers.status, a.peers.claim, a.timeout_ns, rank};
 }
 
 // Barrier between block blockIdx.x of every rank. On entry every write this block made (to its own
 // staging or a peer's) is released to the whole system; on exit every peer's block has entered, so
 // their earlier writes are visible here. Cost: one remote 8-byte store and one poll per peer.
-// Invariant: all ranks run the same number of barriers per block index, so epoch[b] is equal on all.
-__device__ __forceinline__ void block_barrier(const PeerTable& peers, int rank, uint64_t timeout_ns) {
-  Signal* self = peers.signal[rank];
+// Memory order: __syncthreads orders the block's accesses before thread q's st.release.sys (release is
+// cumulative over what the barrier made visible to it); thread q's ld.acquire.sys then the closing
+// __syncthreads order the peers' writes before every later access of the block.
+// Invariant: all ranks run the same number of barriers per block index (same nblocks, same count), so
+// epoch[b] is equal on all and arrive[b][q] only grows. Only block b of each rank is synchronised:
+// whatever staging a block touches after a barrier must be what block b of the peers touched before it
+// (the fixed partition of oneshot.cu and twoshot.cu). Returns false (block-uniform) when a wait ran
+// out: the caller returns at once.
+__device__ __forceinline__ bool block_barrier(const Waiter& w) {
+  Signal* self = w.peers->signal[w.rank];
   const int b = blockIdx.x;
   __syncthreads();  // the block's writes happen before thread q's release (PTX release is cumulative)
   const uint64_t target = self->epoch[b] + 1;
-  if (threadIdx.x < peers.nranks) {
+  bool ok = true;
+  if (threadIdx.x < w.peers->nranks) {
     const int q = threadIdx.x;
-    store_release_sys(&peers.signal[q]->arrive[b][rank], target);
-    wait_at_least(&self->arrive[b][q], target, timeout_ns, "barrier", rank, q);
+    store_release_sys(&w.peers->signal[q]->arrive[b][w.rank], target);
+    ok = w.until(&self->arrive[b][q], target, WaitKind::Barrier, q);
   }
-  __syncthreads();
+  const bool failed = __syncthreads_or(!ok);
   if (threadIdx.x == 0) self->epoch[b] = target;
+  return !failed;
 }
 
-// The part [begin, end) of `len` elements that block `b` of `nblocks` owns, in whole packs, so that the
-// same block index owns the same elements on every rank (per-block barriers then suffice).
+// block_range (schedule.h) in whole packs of T.
 template <class T> __device__ __forceinline__ void block_part(size_t len, int b, int nblocks, size_t* begin,
                                                                size_t* end) {
-  constexpr size_t N = Pack<T>::N;
-  const size_t per = (len + nblocks * N - 1) / (nblocks * N) * N;
-  *begin = per * b < len ? per * b : len;
-  *end = *begin + per < len ? *begin + per : len;
+  block_range(len, b, nblocks, Pack<T>::N, begin, end);
 }
 
 }  // namespace ringzero::cuda

@@ -47,6 +47,13 @@ template <class K> int resident_blocks(K kernel) {
 // Launches Kernel<<<(nblocks, grid_y), kThreads>>>(args) after clamping nblocks to what stays resident.
 // The kernel is a template argument so that each kernel caches its own occupancy.
 // may_shrink = false (the ring, whose FIFO layout depends on the channel count): refuse instead.
+// Co-residency (reviewed for issue 15): with simulated ranks, block (b, q) spins on block (b, q') of
+// the same grid, so all nblocks x grid_y blocks must be on the SMs at once; nblocks x grid_y <= SMs x
+// occupancy guarantees that on an otherwise idle GPU (and the ring's channel count is fixed below
+// SMs / grid_y by SimWorld, one block per SM always fitting). Kernels of other streams holding SMs
+// only delay the late blocks until they finish; should those never finish (they wait on us), every
+// wait still ends after timeout_ns with CommTimeout, never a hang. A real rank (grid_y = 1) has no
+// wait between its own blocks.
 template <void (*Kernel)(CollArgs)>
 cudaError_t launch_resident(CollArgs args, int grid_y, cudaStream_t stream, bool may_shrink = true) {
   static const int resident = resident_blocks(Kernel);  // same GPU model on every rank: same grid

@@ -2,6 +2,8 @@
 // launch shared by real and simulated ranks. Plain C++ over the CUDA runtime (the kernels live in .cu).
 #include "cuda/peer_comm.h"
 
+#include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <string>
 
@@ -10,7 +12,7 @@
 namespace ringzero::cuda {
 namespace {
 
-void check(cudaError_t e, const char* what) {
+void cuda_ok(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw CommError(std::string("ringzero CUDA: ") + what + ": " + cudaGetErrorString(e));
 }
 
@@ -35,10 +37,10 @@ void validate(int nranks, const PeerConfig& cfg) {
 
 void* alloc_rank(const PeerConfig& cfg, Signal** signal, char** staging) {
   void* base = nullptr;
-  check(cudaMalloc(&base, kSignalBytes + cfg.staging_bytes), "cudaMalloc of the staging buffer");
+  cuda_ok(cudaMalloc(&base, kSignalBytes + cfg.staging_bytes), "cudaMalloc of the staging buffer");
   // Counters start at zero on every rank before any handle is shared (the memset completes first).
-  check(cudaMemset(base, 0, kSignalBytes), "zeroing the signal block");
-  check(cudaDeviceSynchronize(), "zeroing the signal block");
+  cuda_ok(cudaMemset(base, 0, kSignalBytes), "zeroing the signal block");
+  cuda_ok(cudaDeviceSynchronize(), "zeroing the signal block");
   *signal = static_cast<Signal*>(base);
   *staging = static_cast<char*>(base) + kSignalBytes;
   return base;
@@ -54,7 +56,58 @@ int blocks_for(const PeerConfig& cfg, size_t bytes) {
   return static_cast<int>(b < static_cast<size_t>(cfg.max_blocks) ? b : cfg.max_blocks);
 }
 
+
 }  // namespace
+
+// ---- TimeoutRecord -------------------------------------------------------------------------------
+const char* wait_name(int32_t what) {
+  switch (static_cast<WaitKind>(what)) {
+    case WaitKind::Barrier: return "a barrier";
+    case WaitKind::RingData: return "ring data";
+    case WaitKind::RingCredit: return "a ring credit (a freed FIFO slot)";
+  }
+  return "a flag";
+}
+
+TimeoutRecord::TimeoutRecord() {
+  void* p = nullptr;
+  cuda_ok(cudaHostAlloc(&p, sizeof(RunStatus), cudaHostAllocMapped | cudaHostAllocPortable),
+          "cudaHostAlloc of the timeout record");
+  host_ = static_cast<RunStatus*>(p);
+  std::memset(host_, 0, sizeof(RunStatus));
+  void* d = nullptr;
+  cuda_ok(cudaHostGetDevicePointer(&d, p, 0), "mapping the timeout record");
+  device_ = static_cast<RunStatus*>(d);
+}
+
+TimeoutRecord::~TimeoutRecord() {
+  if (host_) cudaFreeHost(host_);
+}
+
+const RunStatus* TimeoutRecord::timed_out() const {
+  const volatile RunStatus* s = host_;
+  if (s->code != kTimedOut) return nullptr;
+  std::atomic_thread_fence(std::memory_order_acquire);  // the kernel wrote the fields before the code
+  return host_;
+}
+
+void TimeoutRecord::check(double timeout_s) const {
+  const RunStatus* s = timed_out();
+  if (!s) return;
+  char secs[32];
+  std::snprintf(secs, sizeof secs, "%g", timeout_s);
+  std::string msg = "ringzero CUDA: rank " + std::to_string(s->rank) + " (block " + std::to_string(s->block) +
+                    ") waited more than " + secs + " s for " + wait_name(s->what) +
+                    " of rank " + std::to_string(s->peer) + " (flag " + std::to_string(s->flag) + ", want " +
+                    std::to_string(s->target) + ")";
+  if (s->culprit != s->peer)
+    msg += ", which was waiting itself (first rank along the chain of waits: " + std::to_string(s->culprit) + ")";
+  msg += ": rank " + std::to_string(s->culprit) +
+         " never arrived (it died, hangs, or called a different collective). The kernel returned early; this "
+         "communicator is unusable now (its flags no longer agree with the peers'), the process and its CUDA "
+         "context are fine.";
+  throw CommTimeoutError(msg);
+}
 
 Algo choose_algo(const PeerConfig& cfg, size_t bytes) {
   if (bytes <= cfg.one_shot_max_bytes) return Algo::OneShot;
@@ -71,11 +124,13 @@ void run_collective(Coll coll, const PeerConfig& cfg, const PeerTable& peers, co
     throw InvalidArgument(std::string("ringzero CUDA collectives take float32, bfloat16, float16, int32 or int64, got ") +
                           dtype_name(dtype));
   if (count == 0) return;
+  if (peers.status == nullptr || peers.claim == nullptr)
+    throw InvalidArgument("ringzero CUDA: the peer table has no timeout record (PeerTable::status, ::claim)");
   if (n == 1) {  // nothing to exchange: a copy (Avg over one rank is the identity)
     const size_t bytes = count * esize;
     for (int y = 0; y < grid_y; ++y)
       if (ranks[y].in != ranks[y].out)
-        check(cudaMemcpyAsync(ranks[y].out, ranks[y].in, bytes, cudaMemcpyDeviceToDevice, stream), "copy");
+        cuda_ok(cudaMemcpyAsync(ranks[y].out, ranks[y].in, bytes, cudaMemcpyDeviceToDevice, stream), "copy");
     return;
   }
   CollArgs a{};
@@ -103,7 +158,7 @@ void run_collective(Coll coll, const PeerConfig& cfg, const PeerTable& peers, co
   if (e == cudaErrorCooperativeLaunchTooLarge)
     throw InvalidArgument("ringzero CUDA: " + std::to_string(grid_y) + " simulated ranks x " +
                           std::to_string(a.nblocks) + " blocks do not fit on this GPU at once; lower ring_channels");
-  check(e, "launching a collective kernel");
+  cuda_ok(e, "launching a collective kernel");
 }
 
 // ---- PeerComm ----------------------------------------------------------------------------------
@@ -114,6 +169,8 @@ PeerComm::PeerComm(int rank, int nranks, const PeerConfig& cfg) : rank_(rank), c
   table_.nranks = nranks;
   table_.staging_bytes = cfg.staging_bytes;
   base_ = alloc_rank(cfg, &table_.signal[rank], &table_.staging[rank]);
+  table_.status = timeouts_.device();
+  table_.claim = &table_.signal[rank]->timeout_claim;
 }
 
 PeerComm::~PeerComm() {
@@ -126,7 +183,7 @@ PeerComm::~PeerComm() {
 
 std::string PeerComm::ipc_handle() const {
   cudaIpcMemHandle_t h;
-  check(cudaIpcGetMemHandle(&h, base_), "cudaIpcGetMemHandle");
+  cuda_ok(cudaIpcGetMemHandle(&h, base_), "cudaIpcGetMemHandle");
   return std::string(reinterpret_cast<const char*>(&h), sizeof(h));
 }
 
@@ -141,7 +198,7 @@ void PeerComm::open_peers(const std::vector<std::string>& handles) {
     cudaIpcMemHandle_t h;
     std::memcpy(&h, handles[q].data(), sizeof(h));
     void* p = nullptr;
-    check(cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess),
+    cuda_ok(cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess),
           ("opening the IPC handle of rank " + std::to_string(q)).c_str());
     opened_.push_back(p);
     table_.signal[q] = static_cast<Signal*>(p);
@@ -153,6 +210,7 @@ void PeerComm::open_peers(const std::vector<std::string>& handles) {
 void PeerComm::run(Coll coll, const void* in, void* out, size_t count, DType dtype, ReduceOp op, Algo algo,
                    cudaStream_t stream) {
   if (!ready_ && table_.nranks > 1) throw InvalidArgument("ringzero CUDA: call open_peers before a collective");
+  check();
   RankBuffers me{in, out, rank_};
   run_collective(coll, cfg_, table_, &me, 1, count, dtype, op, algo, stream);
 }
@@ -166,6 +224,8 @@ SimWorld::SimWorld(int nranks, const PeerConfig& cfg) : cfg_(cfg) {
   table_.nranks = nranks;
   table_.staging_bytes = cfg.staging_bytes;
   for (int q = 0; q < nranks; ++q) bases_.push_back(alloc_rank(cfg, &table_.signal[q], &table_.staging[q]));
+  table_.status = timeouts_.device();
+  table_.claim = &table_.signal[0]->timeout_claim;  // one launch runs all simulated ranks: one claim
 }
 
 SimWorld::~SimWorld() {
@@ -178,6 +238,7 @@ void SimWorld::run(Coll coll, const std::vector<const void*>& ins, const std::ve
   const int n = table_.nranks;
   if (static_cast<int>(ins.size()) != n || static_cast<int>(outs.size()) != n)
     throw InvalidArgument("ringzero CUDA: SimWorld.run needs one input and one output per simulated rank");
+  check();
   RankBuffers ranks[kMaxRanks];
   for (int q = 0; q < n; ++q) ranks[q] = RankBuffers{ins[q], outs[q], q};
   run_collective(coll, cfg_, table_, ranks, n, count, dtype, op, algo, stream);

@@ -20,12 +20,13 @@ namespace ringzero::cuda {
 
 struct PeerConfig {
   size_t staging_bytes = 8u << 20;        // per rank; larger messages stream through it
-  double timeout_s = 300;                 // a kernel spinning longer traps (see device.cuh)
+  double timeout_s = 300;                 // a kernel wait longer than this gives up (see device.cuh)
   int ring_channels = 16;                 // fixed per communicator (it fixes the FIFO layout)
   int max_blocks = 32;                    // one-shot/two-shot blocks per rank
   // Auto picks one-shot up to one_shot_max_bytes, two-shot up to two_shot_max_bytes, ring above.
-  // NOT MEASURED by us (no GPU yet): starting points, to be replaced by the crossover that
-  // benchmarks/gpu_check.sh prints (benchmarks/bench_cuda.py, section "algorithms").
+  // NOT MEASURED yet: starting points. The 2026-11-22 H100 run (shared/evidence) timed the racy
+  // one-shot/two-shot of before issue 15, so its crossovers do not count; replace these with the
+  // crossover that benchmarks/gpu_check.sh prints ("fastest per size") on a fixed build.
   size_t one_shot_max_bytes = 256u << 10;
   size_t two_shot_max_bytes = 16u << 20;
 };
@@ -39,6 +40,30 @@ Algo choose_algo(const PeerConfig& cfg, size_t bytes);
 enum class Coll : int32_t { AllReduce = 0, ReduceScatter = 1, AllGather = 2 };
 void run_collective(Coll coll, const PeerConfig& cfg, const PeerTable& peers, const RankBuffers* ranks,
                     int grid_y, size_t count, DType dtype, ReduceOp op, Algo algo, cudaStream_t stream);
+
+// What a RunStatus::what (a WaitKind) waited for, in words ("a barrier", "ring data", ...).
+const char* wait_name(int32_t what);
+
+// The communicator's RunStatus (peer_types.h) in mapped, pinned host memory: kernels record a wait that
+// ran out there and return; the host reads it without a CUDA call ([Note: a wait that runs out]).
+class TimeoutRecord {
+ public:
+  TimeoutRecord();
+  ~TimeoutRecord();
+  TimeoutRecord(const TimeoutRecord&) = delete;
+  TimeoutRecord& operator=(const TimeoutRecord&) = delete;
+  RunStatus* device() const { return device_; }
+  // The record once a kernel of this communicator has run out of time (read it after the collective:
+  // a running kernel may still be writing it), else null.
+  const RunStatus* timed_out() const;
+  // Throws CommTimeoutError naming the waiting rank, the rank it waited for and the one that never
+  // arrived, if timed_out(). Ranks are the communicator's (0..nranks-1).
+  void check(double timeout_s) const;
+
+ private:
+  RunStatus* host_ = nullptr;
+  RunStatus* device_ = nullptr;
+};
 
 // One real rank.
 class PeerComm {
@@ -54,8 +79,16 @@ class PeerComm {
   // Opens every other rank's handle (handles[q] from rank q; handles[rank] is ignored).
   void open_peers(const std::vector<std::string>& handles);
 
+  // Throws CommTimeoutError (naming the ranks) if an earlier launch of this communicator timed out:
+  // its counters no longer agree with the peers', so it never launches again.
+  // Launches of one communicator must be ordered on one stream (comm/cuda.py uses one side stream):
+  // staging may be reused by the next launch only because this rank's previous kernel has ended,
+  // which implies every peer has finished reading it (the last barrier; the ring's credits).
   void run(Coll coll, const void* in, void* out, size_t count, DType dtype, ReduceOp op, Algo algo,
            cudaStream_t stream);
+  // After the collective (stream synchronised): throws CommTimeoutError if one of its waits ran out.
+  void check() const { timeouts_.check(cfg_.timeout_s); }
+  const RunStatus* timed_out() const { return timeouts_.timed_out(); }
   int rank() const { return rank_; }
   int nranks() const { return table_.nranks; }
   const PeerConfig& config() const { return cfg_; }
@@ -67,6 +100,7 @@ class PeerComm {
   void* base_ = nullptr;            // own allocation: Signal, then staging
   std::vector<void*> opened_;       // peers' IPC mappings, to close
   bool ready_ = false;
+  TimeoutRecord timeouts_;
 };
 
 // N simulated ranks in this process, each with its own staging buffer and signal block.
@@ -80,6 +114,8 @@ class SimWorld {
   // ins[q], outs[q]: rank q's buffers (device pointers), shapes as run_collective.
   void run(Coll coll, const std::vector<const void*>& ins, const std::vector<void*>& outs, size_t count,
            DType dtype, ReduceOp op, Algo algo, cudaStream_t stream);
+  void check() const { timeouts_.check(cfg_.timeout_s); }
+  const RunStatus* timed_out() const { return timeouts_.timed_out(); }
   int nranks() const { return table_.nranks; }
   const PeerConfig& config() const { return cfg_; }
 
@@ -87,6 +123,7 @@ class SimWorld {
   PeerConfig cfg_;
   PeerTable table_{};
   std::vector<void*> bases_;
+  TimeoutRecord timeouts_;  // one for all simulated ranks (they share a launch)
 };
 
 }  // namespace ringzero::cuda

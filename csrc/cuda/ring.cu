@@ -12,6 +12,24 @@
 //   j = 1..N-2, recv(r+1).
 // Bytes moved per rank (S = message): about 6S (each step reads 1-2 and writes 1-2 slices of S/N).
 // Invariant: chunk k is reduced once (on rank k) and copied to all: bitwise-identical results.
+//
+// Synchronisation (channel c; counters in Signal, all only grow, across launches):
+//   - slot i of rank r's FIFO c is staging[r] + (c kRingSteps + i % kRingSteps) x slot; only the left
+//     neighbour writes it (its send number i), only rank r reads it (its receive number i);
+//   - ready[c] of rank r (written by the left neighbour, st.release.sys after the block's __syncthreads):
+//     slots < ready are full. Rank r's thread 0 acquires it (ld.acquire.sys) before __syncthreads lets
+//     the block read slot `recvd`;
+//   - freed[c] of the sender (written by rank r after its block finished reading slot i, release):
+//     the sender may overwrite slot i only once freed >= i + 1, i.e. send number `sent` waits for
+//     freed >= sent + 1 - kRingSteps. So a slot is never rewritten while its reader may still read it,
+//     whatever the slice length: the partition of a step among threads does not matter here, since
+//     the whole block waits (unlike oneshot/twoshot, whose barriers are per block index);
+//   - sends == receives per channel in every launch (2N-2 for all-reduce, N-1 otherwise), so steps[c]
+//     (private, written by thread 0 at the end, read at the next launch) is both counters' base;
+//   - the credit test uses the absolute counters, so the first sends of a launch wait for the receives
+//     of the previous launch's last slices (a rank's kernel may end before its right neighbour has
+//     read them): credits carry over, nothing is reset.
+// Reviewed for issue 15 (the staging race of one-shot/two-shot): no change needed here.
 #include "cuda/collectives.h"
 #include "cuda/dispatch.cuh"
 
@@ -21,6 +39,7 @@ namespace {
 template <class T, class Op>
 struct RingChannel {
   const PeerTable* peers;
+  bool failed;  // a wait ran out: every later step returns at once (block-uniform)
   int rank, right, left, c;
   T* my_fifo;
   T* right_fifo;
@@ -32,13 +51,18 @@ struct RingChannel {
   // null), combined with Op; destinations are `out` (if not null) and the right neighbour's slot (if
   // send). `divisor` applies Avg on the step that completes a chunk.
   __device__ void step(bool recv, const T* local, T* out, bool send, size_t len, int divisor) {
+    if (failed) return;
     Signal* self = peers->signal[rank];
+    bool ok = true;
     if (threadIdx.x == 0) {
-      if (recv) wait_at_least(&self->ready[c], recvd + 1, timeout_ns, "ring data", rank, left);
-      if (send && sent + 1 > kRingSteps)
-        wait_at_least(&self->freed[c], sent + 1 - kRingSteps, timeout_ns, "ring credit", rank, right);
+      const Waiter w{peers, peers->status, peers->claim, timeout_ns, rank};  // made here: fewer live registers
+      if (recv) ok = w.until(&self->ready[c], recvd + 1, WaitKind::RingData, left);
+      if (ok && send && sent + 1 > kRingSteps)
+        ok = w.until(&self->freed[c], sent + 1 - kRingSteps, WaitKind::RingCredit, right);
     }
-    __syncthreads();  // thread 0's acquire covers the whole block's reads below
+    // thread 0's acquire covers the whole block's reads below; a wait that ran out ends the channel
+    failed = __syncthreads_or(!ok);
+    if (failed) return;
     Span<T> s{};
     if (recv) s.src[s.nsrc++] = my_fifo + (recvd % kRingSteps) * slot_elems;
     if (local) s.src[s.nsrc++] = local;
@@ -59,8 +83,11 @@ struct Piece {
   size_t off, len;
 };
 
+// Min 1 block per SM: a channel is one persistent block and SimWorld keeps channels x ranks <= SMs, so
+// occupancy above 1 buys nothing; without it ptxas capped 8 of the 20 instantiations at 64 registers
+// and spilled ~530 bytes per thread (200+ in all 20 once the timeout path was added), with it 4-8 bytes.
 template <class T, class Op>
-__global__ void __launch_bounds__(kThreads) ring_kernel(CollArgs a) {
+__global__ void __launch_bounds__(kThreads, 1) ring_kernel(CollArgs a) {
   const RankBuffers& me = a.ranks[blockIdx.y];
   const int n = a.peers.nranks, r = me.rank, c = blockIdx.x, nch = gridDim.x;
   const RingKind kind = static_cast<RingKind>(a.variant);
@@ -68,6 +95,7 @@ __global__ void __launch_bounds__(kThreads) ring_kernel(CollArgs a) {
   const size_t slot_bytes = a.peers.staging_bytes / (static_cast<size_t>(nch) * kRingSteps) / 16 * 16;
   RingChannel<T, Op> ch;
   ch.peers = &a.peers;
+  ch.failed = false;
   ch.rank = r;
   ch.right = (r + 1) % n;
   ch.left = (r + n - 1) % n;
@@ -129,7 +157,7 @@ __global__ void __launch_bounds__(kThreads) ring_kernel(CollArgs a) {
       }
     }
   }
-  if (threadIdx.x == 0) a.peers.signal[r]->steps[c] = ch.sent;
+  if (threadIdx.x == 0 && !ch.failed) a.peers.signal[r]->steps[c] = ch.sent;
 }
 
 template <class T, class Op> struct Ring {

@@ -101,6 +101,20 @@ template <class F> void nogil(F&& f) {
   f();
 }
 
+// The timeout record of a communicator (cuda::RunStatus) as a dict, or None while no wait ran out.
+py::object timeout_record(const cuda::RunStatus* s) {
+  if (!s) return py::none();
+  py::dict d;
+  d["rank"] = s->rank;
+  d["peer"] = s->peer;
+  d["culprit"] = s->culprit;
+  d["block"] = s->block;
+  d["what"] = cuda::wait_name(s->what);
+  d["flag"] = s->flag;
+  d["target"] = s->target;
+  return d;
+}
+
 struct SimRanks {
   std::unique_ptr<cuda::SimWorld> world;
   void run(cuda::Coll coll, const std::vector<at::Tensor>& ins, const std::vector<at::Tensor>& outs, int op, int algo) {
@@ -203,7 +217,11 @@ void bind_cuda(py::module_& m) {
         cudaStream_t s = stream_of(in);
         nogil([&] { c.run(k, in.data_ptr(), out.data_ptr(), count, d, op_of(op), static_cast<cuda::Algo>(algo), s); });
       }, py::arg("coll"), py::arg("input"), py::arg("output"), py::arg("op"), py::arg("algo"),
-      "coll 0 all-reduce, 1 reduce-scatter, 2 all-gather, on the current stream");
+      "coll 0 all-reduce, 1 reduce-scatter, 2 all-gather, on the current stream")
+      .def("timeout_record", [](const cuda::PeerComm& c) { return timeout_record(c.timed_out()); },
+           "None, or what a kernel of this communicator waited for when its wait ran out (read it after the "
+           "collective's stream finished); ranks are the communicator's")
+      .def("check", &cuda::PeerComm::check, "Raises CommTimeout if a kernel of this communicator timed out");
 
   py::class_<SimRanks>(m, "CudaSimWorld")
       .def(py::init([](int nranks, size_t staging_bytes, double timeout_s, int ring_channels, int max_blocks,
@@ -216,6 +234,8 @@ void bind_cuda(py::module_& m) {
            py::arg("nranks"), py::arg("staging_bytes"), py::arg("timeout_s"), py::arg("ring_channels"),
            py::arg("max_blocks"), py::arg("one_shot_max_bytes"), py::arg("two_shot_max_bytes"))
       .def_property_readonly("nranks", [](const SimRanks& s) { return s.world->nranks(); })
+      .def("timeout_record", [](const SimRanks& s) { return timeout_record(s.world->timed_out()); })
+      .def("check", [](const SimRanks& s) { s.world->check(); }, "Raises CommTimeout if a kernel timed out")
       .def("run", [](SimRanks& s, int coll, std::vector<at::Tensor> ins, std::vector<at::Tensor> outs, int op,
                      int algo) { s.run(static_cast<cuda::Coll>(coll), ins, outs, op, algo); },
            py::arg("coll"), py::arg("inputs"), py::arg("outputs"), py::arg("op"), py::arg("algo"));

@@ -16,58 +16,15 @@
 #include <string>
 #include <vector>
 
-#include "cuda_ok.h"
 #include "cuda/peer_comm.h"
 #include "cuda/reduce.h"
+#include "cuda_test_util.h"
 #include "nccl/ring_driver.h"
 #include "nccl/transport.h"
 
 using namespace ringzero;
 using namespace ringzero::cuda;
-
-static int g_failures = 0, g_checks = 0;
-#define CHECK(cond, ...)                                                 \
-  do {                                                                   \
-    ++g_checks;                                                          \
-    if (!(cond)) {                                                       \
-      if (++g_failures < 30) {                                           \
-        std::fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);        \
-        std::fprintf(stderr, __VA_ARGS__);                               \
-        std::fprintf(stderr, "\n");                                      \
-      }                                                                  \
-    }                                                                    \
-  } while (0)
-
-// ---- host <-> device values of every dtype, as double ----
-static void put(std::vector<char>& buf, size_t i, DType t, double v) {
-  char* p = buf.data();
-  switch (t) {
-    case DType::F32: reinterpret_cast<float*>(p)[i] = static_cast<float>(v); break;
-    case DType::BF16: reinterpret_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16(static_cast<float>(v)); break;
-    case DType::F16: reinterpret_cast<__half*>(p)[i] = __float2half(static_cast<float>(v)); break;
-    case DType::I32: reinterpret_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); break;
-    case DType::I64: reinterpret_cast<int64_t*>(p)[i] = static_cast<int64_t>(v); break;
-    default: break;
-  }
-}
-static double get(const std::vector<char>& buf, size_t i, DType t) {
-  const char* p = buf.data();
-  switch (t) {
-    case DType::F32: return reinterpret_cast<const float*>(p)[i];
-    case DType::BF16: return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(p)[i]);
-    case DType::F16: return __half2float(reinterpret_cast<const __half*>(p)[i]);
-    case DType::I32: return reinterpret_cast<const int32_t*>(p)[i];
-    case DType::I64: return static_cast<double>(reinterpret_cast<const int64_t*>(p)[i]);
-    default: return 0;
-  }
-}
-// The reference's single rounding to the storage type (the kernels accumulate in fp32, round once).
-static double round_to(DType t, double v) {
-  std::vector<char> b(8);
-  put(b, 0, t, v);
-  return get(b, 0, t);
-}
-static bool integral(DType t) { return t == DType::I32 || t == DType::I64; }
+using namespace ringzero::test;
 
 // Small nonzero integers in [-3, 3] varying with rank and position: every sum and product of up to
 // 8 of them is exact in float32 (|x| <= 3^8 = 6561 < 2^24).
@@ -90,19 +47,6 @@ static double reference(ReduceOp op, int n, size_t i, DType t, int salt = 0) {
   if (op == ReduceOp::Avg) acc = integral(t) ? std::trunc(acc / n) : acc / n;
   return round_to(t, acc);
 }
-
-struct DevBuf {
-  void* p = nullptr;
-  size_t bytes = 0;
-  explicit DevBuf(size_t b) : bytes(b) { CUDA_OK(cudaMalloc(&p, b ? b : 16)); }
-  ~DevBuf() { cudaFree(p); }
-  void upload(const std::vector<char>& h) { CUDA_OK(cudaMemcpy(p, h.data(), bytes, cudaMemcpyHostToDevice)); }
-  std::vector<char> download() const {
-    std::vector<char> h(bytes ? bytes : 1);
-    CUDA_OK(cudaMemcpy(h.data(), p, bytes, cudaMemcpyDeviceToHost));
-    return h;
-  }
-};
 
 static std::vector<char> host_values(int rank, size_t n, DType t) {
   std::vector<char> h(n * dtype_size(t) + 8);
@@ -365,16 +309,11 @@ static void test_loopback_driver() {
 }
 
 int main() {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("SKIP: no CUDA device; the CUDA tests need a GPU (benchmarks/gpu_check.sh runs them)\n");
-    return 77;
-  }
+  skip_without_gpu("test_cuda");
   test_reduce_kernel();
   test_simulated();
   test_random_floats_identical();
   test_graph_capture();
   test_loopback_driver();
-  std::printf("%d checks, %d failures\n", g_checks, g_failures);
-  return g_failures == 0 ? 0 : 1;
+  return finish();
 }

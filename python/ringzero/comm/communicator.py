@@ -188,7 +188,8 @@ class Communicator:
         CUDA tensors: fn is enqueued on the communicator's stream instead (comm/cuda.py)."""
         self.seq += 1
         if result is not None and result.is_cuda:
-            return self.cuda_path(result, op).launch(fn, async_op, (result, *inputs), result)
+            return self.cuda_path(result, op).launch(fn, async_op, (result, *inputs), result,
+                                                     f"{op} (sequence number {self.seq})")
         entry = self.flight.start(self.seq, op, tensor)
         if not async_op:
             if self._pending == 0:  # read under the GIL; only the calling thread submits

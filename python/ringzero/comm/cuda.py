@@ -11,7 +11,17 @@ blocking call makes the current stream wait for it (no host synchronisation, so 
 a CUDA graph), and async_op=True returns a CudaWork whose wait() does that later, as torch's NCCL
 backend does. Broadcast, reduce and all_gather_v on CUDA tensors take the CPU path through a host copy.
 
-Verified only by compilation so far: no GPU was available where this was written (see README).
+Timeouts ([Note: a wait that runs out] in csrc/cuda/device.cuh): a kernel whose wait for a peer runs
+past RINGZERO_TIMEOUT_S records who it waited for in host-mapped memory and returns (no trap: the CUDA
+context stays usable). The host raises ringzero.CommTimeout naming the rank that never arrived:
+  - with RINGZERO_CUDA_BLOCKING_WAIT=1, at the end of the blocking call (or in wait()), which then
+    waits for the kernel on the host (as TORCH_NCCL_BLOCKING_WAIT does; never during graph capture);
+  - otherwise at this group's next CUDA collective, wait(), is_completed() or exception(), without
+    a host wait. Until then the output of the timed-out call holds partial values.
+A communicator whose kernel timed out refuses every later call (its flags no longer agree).
+
+Ran on a GPU once (an H100, 2026-11-22: shared/evidence, before the issue-15 fix); the timeout path
+and the fuzz have been compiled only, not run on a GPU yet.
 """
 from __future__ import annotations
 
@@ -22,7 +32,7 @@ import torch.distributed as dist
 
 from .. import _C
 from .communicator import _env_int
-from .errors import CommError
+from .errors import CommError, CommTimeout
 from .types import ReduceOp
 
 CUDA_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64)
@@ -59,25 +69,46 @@ def simulated_world(nranks: int, **overrides):
     return _C.CudaSimWorld(nranks, **cfg)
 
 
-class CudaWork:
-    """An async CUDA collective: wait() makes the caller's current stream wait for it (no host wait)."""
+def blocking_wait() -> bool:
+    """RINGZERO_CUDA_BLOCKING_WAIT=1: blocking calls and wait() wait for the kernel on the host and raise
+    CommTimeout at once (see the module docstring)."""
+    return os.environ.get("RINGZERO_CUDA_BLOCKING_WAIT", "0") not in ("", "0")
 
-    def __init__(self, event: torch.cuda.Event, device: torch.device, result=None):
+
+class CudaWork:
+    """An async CUDA collective: wait() makes the caller's current stream wait for it (no host wait
+    unless RINGZERO_CUDA_BLOCKING_WAIT=1), raising CommTimeout if a kernel of the group timed out."""
+
+    def __init__(self, event: torch.cuda.Event, device: torch.device, result=None, path=None, what: str = ""):
         self._event = event
         self._device = device
         self._result = result
+        self._path = path
+        self._what = what
 
     def wait(self, timeout: float | None = None) -> bool:
         torch.cuda.current_stream(self._device).wait_event(self._event)
+        if self._path is not None:
+            if blocking_wait():
+                self._event.synchronize()
+            self._path.check(self._what)
         return True
 
     def is_completed(self) -> bool:
-        return self._event.query()
+        done = self._event.query()
+        if done and self._path is not None:
+            self._path.check(self._what)
+        return done
 
     def is_success(self) -> bool:
-        return self._event.query()
+        return self._event.query() and self.exception() is None
 
     def exception(self):
+        try:
+            if self._path is not None and self._event.query():
+                self._path.check(self._what)
+        except CommTimeout as e:
+            return e
         return None
 
     def result(self):
@@ -169,9 +200,29 @@ class CudaPath:
             raise ValueError(f"ringzero.{op}: tensor is on {t.device} but this group's CUDA collectives run on "
                              f"{self.device} (the device of its first CUDA collective); use one device per rank")
 
+    # ---- timeouts ------------------------------------------------------------------------------------
+    def check(self, what: str = "a CUDA collective"):
+        """Raises CommTimeout if a kernel of this group's IPC communicator ran out of time waiting for a
+        peer, naming (in group ranks) the rank that waited and the one that never arrived. Reads host
+        memory only: no CUDA call, no wait."""
+        rec = self.peer.timeout_record() if self.peer is not None else None
+        if rec is None:
+            return
+        g = self.comm.local_ranks  # communicator rank -> group rank
+        chain = "" if rec["culprit"] == rec["peer"] else \
+            f" (which was waiting itself; first rank along the chain of waits: {g[rec['culprit']]})"
+        raise CommTimeout(
+            f"ringzero {what}: a CUDA kernel of group rank {g[rec['rank']]} waited more than "
+            f"{self.comm.timeout_s:g} s (RINGZERO_TIMEOUT_S) for {rec['what']} of group rank {g[rec['peer']]}{chain}: "
+            f"group rank {g[rec['culprit']]} never arrived (it died, hangs, or called a different collective). "
+            "The kernel returned early, so the output holds partial values; this group's CUDA communicator is "
+            "unusable now (every later call raises this), the process and its CUDA context are fine."
+        )
+
     # ---- streams -------------------------------------------------------------------------------------
-    def launch(self, fn, async_op: bool, tensors, result):
+    def launch(self, fn, async_op: bool, tensors, result, what: str = "a CUDA collective"):
         """Runs fn on self.stream after the current stream's work; see the module docstring."""
+        self.check(what)  # an earlier call timed out: refuse, naming the cause
         cur = torch.cuda.current_stream(self.device)
         self.stream.wait_stream(cur)
         with torch.cuda.stream(self.stream):
@@ -180,10 +231,13 @@ class CudaPath:
         done.record(self.stream)
         if not async_op:
             cur.wait_event(done)
+            if blocking_wait() and not torch.cuda.is_current_stream_capturing():
+                done.synchronize()  # ends within the timeout: every kernel wait is bounded
+                self.check(what)
             return None
         for t in tensors:  # the caching allocator must not hand their memory out before we finish
             t.record_stream(self.stream)
-        return CudaWork(done, self.device, result)
+        return CudaWork(done, self.device, result, self, what)
 
     # ---- collectives on flat contiguous tensors (already validated) ---------------------------------
     def all_reduce(self, x: torch.Tensor, op: ReduceOp):

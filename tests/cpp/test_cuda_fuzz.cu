@@ -1,0 +1,221 @@
+// Fuzz of the peer-memory collectives on simulated ranks (one GPU), against a host reference in double
+// (exact: inputs are small integers, so every sum, product and average rounds once, as the kernels do):
+// random world (2-8), staging size, ring channels, blocks, dtype, op, algorithm and in-place-ness, and
+// counts around multiples of the staging slot, the two-shot slot, the ring slice and the ring
+// iteration (plus 0, 1 and primes), for all-reduce, reduce-scatter and all-gather. Several cases run
+// on one world, so flags and staging carry over between launches and kernels, as in a real run.
+// This would have caught issue 15 (the one-shot/two-shot staging race at the last, shorter slice).
+//   RINGZERO_FUZZ_SEED=<n> RINGZERO_FUZZ_CASES=<n> build/cpp/test_cuda_fuzz   (the seed is printed)
+// Without a CUDA device it prints SKIP and exits 77 (ctest's SKIP_RETURN_CODE).
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <cinttypes>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda/peer_comm.h"
+#include "cuda_test_util.h"
+
+using namespace ringzero;
+using namespace ringzero::cuda;
+using namespace ringzero::test;
+
+namespace {
+
+uint64_t env_u64(const char* name, uint64_t fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::strtoull(v, nullptr, 10) : fallback;
+}
+
+// A small integer of rank `rank` at position i, different in every case (salt): [-3, 3] without 0,
+// or {-2, -1, 1, 2} for products (so that products of 8 stay exact in bfloat16 and float16 too).
+double value(uint32_t salt, int rank, size_t i, ReduceOp op) {
+  uint64_t h = (static_cast<uint64_t>(salt) << 40) ^ (static_cast<uint64_t>(rank) << 32) ^ i;
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdULL;
+  h ^= h >> 33;
+  if (op == ReduceOp::Prod) {
+    const int v = static_cast<int>(h % 4);
+    return v < 2 ? v - 2 : v - 1;
+  }
+  const int v = static_cast<int>(h % 7) - 3;
+  return v == 0 ? 1 : v;
+}
+
+// op over ranks 0..n-1 of value(salt, r, i), finished as the kernels finish it: Avg divides in float32
+// for floating types (fp32 accumulation, one division) and truncates for integers; one rounding to t.
+double reference(uint32_t salt, int n, size_t i, DType t, ReduceOp op) {
+  double acc = value(salt, 0, i, op);
+  for (int r = 1; r < n; ++r) {
+    const double v = value(salt, r, i, op);
+    switch (op) {
+      case ReduceOp::Sum: case ReduceOp::Avg: acc += v; break;
+      case ReduceOp::Prod: acc *= v; break;
+      case ReduceOp::Min: acc = std::min(acc, v); break;
+      case ReduceOp::Max: acc = std::max(acc, v); break;
+    }
+  }
+  if (op == ReduceOp::Avg)
+    acc = integral(t) ? std::trunc(acc / n) : static_cast<double>(static_cast<float>(acc) / static_cast<float>(n));
+  return round_to(t, acc);
+}
+
+struct World {
+  PeerConfig cfg;
+  int n;
+};
+
+struct Case {
+  Coll coll;
+  Algo algo;
+  DType dtype;
+  ReduceOp op;
+  size_t count;
+  bool in_place;  // all-reduce only
+};
+
+const DType kDTypes[] = {DType::F32, DType::BF16, DType::F16, DType::I32, DType::I64};
+const ReduceOp kOps[] = {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Min, ReduceOp::Max, ReduceOp::Prod};
+const size_t kPrimes[] = {2, 3, 13, 1031, 4099, 65537, 100003};
+
+World random_world(std::mt19937_64& g) {
+  World w;
+  w.n = 2 + static_cast<int>(g() % 7);
+  const size_t stagings[] = {64u << 10, 128u << 10, 256u << 10, 1u << 20};
+  w.cfg.staging_bytes = stagings[g() % 4];
+  // ring_slot_bytes >= 4096: channels <= staging / (kRingSteps * 4096)
+  const int most_channels = static_cast<int>(w.cfg.staging_bytes / (kRingSteps * 4096));
+  w.cfg.ring_channels = 1 + static_cast<int>(g() % std::min(most_channels, 8));
+  const int blocks[] = {1, 2, 3, 4, 8, 16, 32};
+  w.cfg.max_blocks = blocks[g() % 7];
+  w.cfg.timeout_s = 60;
+  return w;
+}
+
+// A count near a multiple of a unit the kernels stream by, or a special size.
+size_t random_count(std::mt19937_64& g, const World& w, const Case& c) {
+  const size_t es = dtype_size(c.dtype), pack = 16 / es;
+  const size_t slot = w.cfg.staging_bytes / es;
+  const size_t ring_slice = ring_slot_bytes(w.cfg.staging_bytes, w.cfg.ring_channels) / es;
+  const size_t units[] = {slot, slot / (w.n * pack) * (w.n * pack), ring_slice, ring_slice * w.cfg.ring_channels,
+                          ring_slice * w.cfg.ring_channels * w.n};
+  if (g() % 5 == 0) {
+    const int pick = static_cast<int>(g() % 9);
+    return pick == 0 ? 0 : pick == 1 ? 1 : kPrimes[pick - 2];
+  }
+  const size_t unit = units[g() % 5];
+  const size_t k = 1 + g() % 4;
+  const long delta = static_cast<long>(g() % (2 * pack + 3)) - static_cast<long>(pack + 1);
+  long count = static_cast<long>(k * unit) + delta;
+  // Keep a case's host work bounded: at most ~2M elements per rank in any buffer.
+  const long most = static_cast<long>((2u << 20) / (c.coll == Coll::AllReduce ? 1 : w.n));
+  if (count > most) count = most - static_cast<long>(g() % 97);
+  return count < 0 ? 0 : static_cast<size_t>(count);
+}
+
+Case random_case(std::mt19937_64& g, const World& w) {
+  Case c;
+  const int kind = static_cast<int>(g() % 6);  // all-reduce half the time: three algorithms
+  c.coll = kind < 3 ? Coll::AllReduce : kind < 5 ? Coll::ReduceScatter : Coll::AllGather;
+  const Algo algos[] = {Algo::OneShot, Algo::TwoShot, Algo::Ring, Algo::Auto};
+  c.algo = c.coll == Coll::AllReduce ? algos[g() % 4] : Algo::Ring;
+  c.dtype = kDTypes[g() % 5];
+  c.op = c.coll == Coll::AllGather ? ReduceOp::Sum : kOps[g() % 5];
+  c.in_place = c.coll == Coll::AllReduce && g() % 2 == 0;
+  c.count = random_count(g, w, c);
+  return c;
+}
+
+std::string describe(const World& w, const Case& c) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "world=%d staging=%zu channels=%d max_blocks=%d coll=%d algo=%d %s %s count=%zu%s",
+                w.n, w.cfg.staging_bytes, w.cfg.ring_channels, w.cfg.max_blocks, static_cast<int>(c.coll),
+                static_cast<int>(c.algo), dtype_name(c.dtype), op_name(c.op), c.count, c.in_place ? " in-place" : "");
+  return buf;
+}
+
+// Runs one case on `sim` and checks every rank's output; returns false on a mismatch.
+bool run_case(SimWorld& sim, const World& w, const Case& c, uint32_t salt, cudaStream_t s) {
+  const int n = w.n;
+  const size_t es = dtype_size(c.dtype);
+  const size_t in_n = c.coll == Coll::ReduceScatter ? n * c.count : c.count;
+  const size_t out_n = c.coll == Coll::AllGather ? n * c.count : c.count;
+  std::vector<std::unique_ptr<DevBuf>> ins, outs;
+  std::vector<const void*> ip;
+  std::vector<void*> op;
+  for (int q = 0; q < n; ++q) {
+    ins.emplace_back(new DevBuf(in_n * es));
+    std::vector<char> h(in_n * es + 8);
+    for (size_t i = 0; i < in_n; ++i) put(h, i, c.dtype, value(salt, q, i, c.op));
+    ins.back()->upload(h);
+    if (!c.in_place) {
+      outs.emplace_back(new DevBuf(out_n * es));
+      CUDA_OK(cudaMemset(outs.back()->p, 0x7f, out_n * es));  // an element never written shows
+    }
+    ip.push_back(ins.back()->p);
+    op.push_back(c.in_place ? ins.back()->p : outs.back()->p);
+  }
+  sim.run(c.coll, ip, op, c.count, c.dtype, c.op, c.algo, s);
+  CUDA_OK(cudaStreamSynchronize(s));
+  sim.check();  // a wait that ran out throws CommTimeoutError
+  bool ok = true;
+  for (int q = 0; q < n; ++q) {
+    std::vector<char> got(out_n * es + 8);
+    CUDA_OK(cudaMemcpy(got.data(), op[q], out_n * es, cudaMemcpyDeviceToHost));
+    size_t bad = 0, first = 0;
+    double first_got = 0, first_want = 0;
+    for (size_t i = 0; i < out_n; ++i) {
+      double want;
+      if (c.coll == Coll::AllGather) want = round_to(c.dtype, value(salt, static_cast<int>(i / c.count), i % c.count, c.op));
+      else if (c.coll == Coll::ReduceScatter) want = reference(salt, n, q * c.count + i, c.dtype, c.op);
+      else want = reference(salt, n, i, c.dtype, c.op);
+      const double v = get(got, i, c.dtype);
+      if (v != want) {
+        if (bad++ == 0) first = i, first_got = v, first_want = want;
+      }
+    }
+    CHECK(bad == 0, "%s rank %d: %zu wrong, first at %zu: got %g want %g", describe(w, c).c_str(), q, bad, first,
+          first_got, first_want);
+    ok = ok && bad == 0;
+  }
+  return ok;
+}
+
+}  // namespace
+
+int main() {
+  skip_without_gpu("test_cuda_fuzz");
+  const uint64_t seed = env_u64("RINGZERO_FUZZ_SEED", static_cast<uint64_t>(
+      std::chrono::system_clock::now().time_since_epoch().count()));
+  const uint64_t cases = env_u64("RINGZERO_FUZZ_CASES", 300);
+  std::printf("test_cuda_fuzz: seed %" PRIu64 ", %" PRIu64 " cases (RINGZERO_FUZZ_SEED=%" PRIu64
+              " RINGZERO_FUZZ_CASES=%" PRIu64 " repeats this run)\n", seed, cases, seed, cases);
+  std::fflush(stdout);
+  std::mt19937_64 g(seed);
+  cudaStream_t s;
+  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  constexpr uint64_t kCasesPerWorld = 6;
+  uint64_t done = 0, failed = 0;
+  while (done < cases) {
+    World w = random_world(g);
+    SimWorld sim(w.n, w.cfg);
+    w.cfg = sim.config();  // ring channels as SimWorld kept them (at most SMs / ranks)
+    for (uint64_t k = 0; k < kCasesPerWorld && done < cases; ++k, ++done) {
+      const Case c = random_case(g, w);
+      if (!run_case(sim, w, c, static_cast<uint32_t>(done + 1), s)) {
+        ++failed;
+        std::printf("FAILED case %" PRIu64 ": %s\n", done, describe(w, c).c_str());
+      }
+    }
+  }
+  CUDA_OK(cudaStreamDestroy(s));
+  std::printf("test_cuda_fuzz: %" PRIu64 " cases, %" PRIu64 " failed (seed %" PRIu64 ")\n", cases, failed, seed);
+  return finish();
+}
