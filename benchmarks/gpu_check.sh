@@ -3,9 +3,11 @@
 # torch has CUDA), runs the C++ and Python GPU tests (the fuzz of every collective on simulated ranks
 # and over N processes, and the missing-peer timeout tests among them) and the CUDA benchmarks, and
 # writes everything under $OUT when set, else under benchmarks/results/.
-#   bash benchmarks/gpu_check.sh            # everything, in at most 10 minutes (GPU_CHECK_BUDGET_S=570)
-#   bash benchmarks/gpu_check.sh build      # or one step: build | ctest | pytest | bench (steps after
-#                                           # build reuse build/gpu)
+#   bash benchmarks/gpu_check.sh            # build, ctest, pytest, bench: at most 10 minutes (GPU_CHECK_BUDGET_S=570)
+#   bash benchmarks/gpu_check.sh train      # ringzero train --device cuda --compare, 2 ranks on one GPU (a second
+#                                           # 10-minute call; `full` runs all and train with a 1200 s budget)
+#   bash benchmarks/gpu_check.sh build      # or one step: build | ctest | pytest | bench | train (steps
+#                                           # after build reuse build/gpu)
 # Each step has its own time limit, cut to what is left of the budget; a step the budget no longer
 # covers is reported NOT RUN and fails the run. RINGZERO_FUZZ_SEED (printed; random when unset) and
 # RINGZERO_FUZZ_CASES (default 300) drive both fuzzers. Needs nvcc, cmake and ninja; the Python half
@@ -22,10 +24,15 @@ exec > >(tee -a "$LOG") 2>&1
 PY=${PYTHON:-python3}
 JOBS=${MAX_JOBS:-$(nproc)}
 STEP=${1:-all}
-case "$STEP" in all|build|ctest|pytest|bench) ;; *) echo "usage: $0 [all|build|ctest|pytest|bench]"; exit 2;; esac
-want() { [ "$STEP" = all ] || [ "$STEP" = "$1" ]; }
+case "$STEP" in all|full|build|ctest|pytest|bench|train) ;;
+  *) echo "usage: $0 [all|full|build|ctest|pytest|bench|train]"; exit 2;; esac
+want() {  # all: every step but train; full: every step
+  [ "$STEP" = full ] || [ "$STEP" = "$1" ] || { [ "$STEP" = all ] && [ "$1" != train ]; }
+}
 status=0
-DEADLINE=$(( $(date +%s) + ${GPU_CHECK_BUDGET_S:-570} ))
+DEFAULT_BUDGET_S=570
+[ "$STEP" = full ] && DEFAULT_BUDGET_S=1200
+DEADLINE=$(( $(date +%s) + ${GPU_CHECK_BUDGET_S:-$DEFAULT_BUDGET_S} ))
 # step LIMIT_S NAME CMD...: runs CMD under min(LIMIT_S, what is left of the budget); a failure or a
 # timeout sets status=1.
 step() {
@@ -81,8 +88,19 @@ if [ $TORCH_CUDA = 1 ]; then
   if want bench; then
     step 150 "4. CUDA benchmark" "$PY" benchmarks/bench_cuda.py --out "$RESULTS/bench_cuda_$STAMP.txt"
   fi
-elif want pytest || want bench; then
-  echo "== 3 NOT RUN: this torch has no CUDA, so the Python GPU tests cannot run here"
+  if want train; then
+    # Every strategy beside stock torch, then the CUDA losses against the CPU run of the same seed and
+    # --resume on CUDA (benchmarks/train_cuda_check.py states its tolerances).
+    step 300 "6. ringzero train on CUDA: 2 ranks sharing one GPU (CUDA IPC), beside stock torch" bash -c \
+      "set -o pipefail; '$PY' -m ringzero train --device cuda --nproc 2 --steps 20 --val-every 10 --no-progress \
+       --compare ddp,torch-ddp,zero1,zero2,zero3,torch-fsdp2,pp,pp+zero1,pp+zero2 --out '$RESULTS/train_cuda_$STAMP' \
+       | tee '$RESULTS/train_cuda_$STAMP.txt'"
+    step 280 "7. CUDA losses against the CPU run, and --resume on CUDA" bash -c \
+      "set -o pipefail; '$PY' benchmarks/train_cuda_check.py --nproc 2 --steps 12 --strategies ddp,zero2,zero3,pp,pp+zero1 \
+       | tee '$RESULTS/train_cuda_check_$STAMP.txt'"
+  fi
+elif want pytest || want bench || want train; then
+  echo "== 3-7 NOT RUN: this torch has no CUDA, so the Python GPU steps cannot run here"
   status=1
 fi
 if want bench; then
