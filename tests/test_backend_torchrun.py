@@ -2,7 +2,7 @@
 trains stock DDP on the default (ringzero) group and on a gloo group over the same ranks, and exits
 non-zero unless the parameters are bitwise equal (2 ranks: one float32 sum order) and the ringzero
 backend ran the all-reduces. Also the device-map form "cpu:ringzero,cuda:<backend>": NCCL where
-torch has it (skipped on CPU builds, which cannot create NCCL groups), gloo otherwise.
+torch has it and a GPU is visible (skipped otherwise: NCCL groups cannot be created), gloo otherwise.
 """
 import os
 import re
@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 import torch.distributed as dist
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -37,4 +38,7 @@ def test_torchrun_init_process_group_ringzero():
 def test_torchrun_device_map(cuda_backend):
     if cuda_backend == "nccl" and not dist.is_nccl_available():
         pytest.skip("this torch has no NCCL: 'cpu:ringzero,cuda:nccl' cannot be created here")
+    if cuda_backend == "nccl" and not torch.cuda.is_available():
+        # A CUDA build of torch on a machine without a GPU has NCCL, but ProcessGroupNCCL refuses to start.
+        pytest.skip("no GPU here: ProcessGroupNCCL cannot be created ('cpu:ringzero,cuda:nccl')")
     assert torchrun(f"cpu:ringzero,cuda:{cuda_backend}") == [0.0, 0.0]
