@@ -19,6 +19,8 @@ NOT_FROM_ENV = {
     "RINGZERO_CPU_ISA": "read by csrc/core/reduce.cpp when the kernels load (the C++ tests use it without Python)",
     "RINGZERO_FAULT": "test-time fault injection, read by trainer/faults.py at a training step",
     "RINGZERO_CUDA": "build time (setup.py)",
+    "RINGZERO_FUZZ_SEED": "test time: the seed of the CUDA fuzz tests (C++ and Python)",
+    "RINGZERO_FUZZ_CASES": "test time: how many cases the CUDA fuzz tests run",
 }  # Not in the README tables and not runtime settings: RINGZERO_COMPAT_TORCH, RINGZERO_TORCH_CACHE (the
 # compatibility check), RINGZERO_HOST_IDS (tests/harness.py).
 
