@@ -4,12 +4,15 @@ source tree, in which no other file may read a RINGZERO_* variable. No processes
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import pathlib
 import re
 
 import pytest
 
+from ringzero import _C
 from ringzero.comm import config as rz_config
+from ringzero.comm.backend import backend_config
 from ringzero.comm.config import DEFAULT_TIMEOUT_S, VARIABLES, Config, from_env
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -106,3 +109,14 @@ def test_bad_values_name_the_variable_and_what_it_allows(name, raw, says):
 def test_config_is_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         Config().timeout_s = 1.0
+
+
+def test_the_backend_gets_the_config():
+    """What comm/backend.py hands the C++ backend (_C.BackendConfig) is the validated Config."""
+    cfg = from_env({"RINGZERO_SHM_BUFFER_BYTES": "4096", "RINGZERO_ALLREDUCE_ALGO": "ring", "RINGZERO_HOST_ID": "h"})
+    got = backend_config(cfg, datetime.timedelta(seconds=9))
+    assert (got.host_id, got.timeout_s, got.slot_bytes, got.all_reduce_algo) == ("h", 9.0, 4096,
+                                                                                 _C.ALL_REDUCE_ALGOS["ring"])
+    assert backend_config(from_env({"RINGZERO_TIMEOUT_S": "2.5"}), datetime.timedelta(seconds=9)).timeout_s == 2.5
+    with pytest.raises(ValueError, match="all_reduce_algo must be one of"):
+        _C.BackendConfig(host_id="h", timeout_s=1.0, slot_bytes=64, all_reduce_algo=len(_C.ALL_REDUCE_ALGOS))
