@@ -98,7 +98,8 @@ def test_values_are_parsed():
     ("RINGZERO_TIMEOUT_S", "nan", "RINGZERO_TIMEOUT_S must be positive"),
     ("RINGZERO_SHM_BUFFER_BYTES", "0", "RINGZERO_SHM_BUFFER_BYTES must be positive"),
     ("RINGZERO_CUDA_RING_CHANNELS", "0.5", "RINGZERO_CUDA_RING_CHANNELS must be at least 1"),
-    ("RINGZERO_ALLREDUCE_ALGO", "fastest", "RINGZERO_ALLREDUCE_ALGO='fastest': use one of auto, oneshot, twoshot, ring"),
+    ("RINGZERO_ALLREDUCE_ALGO", "fastest",
+     "RINGZERO_ALLREDUCE_ALGO='fastest': use one of auto, oneshot, twoshot, ring"),
     ("RINGZERO_DEBUG", "maybe", r"RINGZERO_DEBUG='maybe': use 1 \(on\) or 0 \(off\)"),
 ])
 def test_bad_values_name_the_variable_and_what_it_allows(name, raw, says):

@@ -24,6 +24,7 @@ from .. import _C
 from .cuda import CudaPath
 from .errors import CollectiveMismatch, CommTimeout
 from .flight import FlightRecorder
+from .hierarchical import all_reduce_hierarchical
 from .host_group import HostGroup
 from .ring import P2PRing
 from .types import SUPPORTED_DTYPES, CollectiveKind, ReduceOp
@@ -186,18 +187,14 @@ class Communicator:
         if not self.hierarchical:
             ring.all_reduce(x, base, divisor)
             return
-        # Hierarchical: reduce-scatter in the host, one ring per local rank across hosts, all-gather.
-        L = self.local_world
-        c = -(-x.numel() // L)
-        staged = x if x.numel() == L * c else torch.cat([x, x.new_zeros(L * c - x.numel())])
-        part = torch.empty(c, dtype=x.dtype)
-        self.shm.reduce_scatter(staged, part, int(base))
-        self.cross_ring.begin(self._label("all_reduce"))
-        self.cross_ring.all_reduce(part, base, divisor)
-        gathered = x if staged is x else torch.empty_like(staged)
-        self.shm.all_gather(part, gathered)
-        if gathered is not x:
-            x.copy_(gathered[: x.numel()])
+
+        def cross(part):  # AVG: the ring divides at its last step ([Note: AVG in the hierarchical all-reduce])
+            self.cross_ring.begin(self._label("all_reduce"))
+            self.cross_ring.all_reduce(part, base, divisor)
+
+        all_reduce_hierarchical(x, self.local_world,
+                                lambda staged, part: self.shm.reduce_scatter(staged, part, int(base)),
+                                cross, self.shm.all_gather)
 
     def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, op: ReduceOp):
         if out.is_cuda:

@@ -22,6 +22,7 @@ import torch.distributed as dist
 from .. import _C
 from .config import from_env
 from .errors import CommError
+from .hierarchical import all_reduce_hierarchical
 from .types import ReduceOp
 
 CUDA_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64)
@@ -192,17 +193,11 @@ class CudaPath:
             self.flat.all_reduce(x, int(op))
         else:
             base = ReduceOp.SUM if op == ReduceOp.AVG else op
-            L = comm.local_world
-            c = -(-x.numel() // L)
-            staged = x if x.numel() == L * c else torch.cat([x, x.new_zeros(L * c - x.numel())])
-            part = torch.empty(c, dtype=x.dtype, device=x.device)
-            self.peer.run(REDUCE_SCATTER, staged, part, int(base), 0)
-            self.cross.all_reduce(part, int(base))
-            gathered = x if staged is x else torch.empty_like(staged)
-            self.peer.run(ALL_GATHER, part, gathered, int(base), 0)
-            if gathered is not x:
-                x.copy_(gathered[: x.numel()])
-            if op == ReduceOp.AVG:
+            all_reduce_hierarchical(x, comm.local_world,
+                                    lambda staged, part: self.peer.run(REDUCE_SCATTER, staged, part, int(base), 0),
+                                    lambda part: self.cross.all_reduce(part, int(base)),
+                                    lambda part, gathered: self.peer.run(ALL_GATHER, part, gathered, int(base), 0))
+            if op == ReduceOp.AVG:  # [Note: AVG in the hierarchical all-reduce] (comm/hierarchical.py)
                 if x.dtype.is_floating_point:
                     x.div_(comm.world)
                 else:
