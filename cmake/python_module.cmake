@@ -38,6 +38,7 @@ set(RINGZERO_TORCH_SOURCES
   csrc/torch/backend.cpp
   csrc/torch/backend_ops.cpp
   csrc/torch/backend_bindings.cpp
+  csrc/torch/enum_bindings.cpp
 )
 Python3_add_library(_C MODULE WITH_SOABI ${RINGZERO_TORCH_SOURCES})
 target_include_directories(_C SYSTEM PRIVATE ${RINGZERO_TORCH_INCLUDE_DIRS})

@@ -86,19 +86,6 @@ std::string join(const std::vector<int>& v) {
 
 }  // namespace
 
-const char* collective_name(CollectiveKind kind) {
-  switch (kind) {
-    case CollectiveKind::Barrier: return "barrier";
-    case CollectiveKind::AllReduce: return "all_reduce";
-    case CollectiveKind::ReduceScatter: return "reduce_scatter";
-    case CollectiveKind::AllGather: return "all_gather";
-    case CollectiveKind::AllGatherV: return "all_gather_v";
-    case CollectiveKind::Broadcast: return "broadcast";
-    case CollectiveKind::Reduce: return "reduce";
-  }
-  return "unknown";
-}
-
 struct ShmComm::Header {
   SegmentTag tag;
   std::atomic<int32_t> abort_rank;  // -1 while healthy; else the local rank that aborted first

@@ -19,12 +19,7 @@
 
 namespace ringzero {
 
-enum class AllReduceAlgo : int32_t { Auto = 0, OneShot = 1, TwoShot = 2, Ring = 3 };
-
-enum class CollectiveKind : int32_t {
-  Barrier = 0, AllReduce = 1, ReduceScatter = 2, AllGather = 3, AllGatherV = 4, Broadcast = 5, Reduce = 6
-};
-const char* collective_name(CollectiveKind kind);
+// AllReduceAlgo, CollectiveKind and collective_name() are in types.h (shared with Python through _C).
 
 struct Fingerprint {
   uint64_t seq;

@@ -1,5 +1,7 @@
-// Element types and reduction operators shared by every layer. Values match the Python enums in
-// python/ringzero/comm/types.py (one table, checked by tests/test_api.py).
+// Element types, reduction operators, collective kinds and all-reduce algorithms shared by every layer.
+// This is the one table: ringzero._C exports each enum's names and values (csrc/torch/enum_bindings.cpp)
+// and python/ringzero/comm/types.py builds its enums from them (tests/test_structure.py checks that no
+// integer table is kept in Python). Values are contiguous from 0; the name functions cover them all.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -12,6 +14,19 @@ constexpr int kNumDTypes = 8;
 // Avg is Sum followed by a division by the number of contributors, done once at the final write.
 enum class ReduceOp : int32_t { Sum = 0, Avg = 1, Min = 2, Max = 3, Prod = 4 };
 constexpr int kNumReduceOps = 5;
+
+// The shared-memory all-reduce schedules (csrc/core/shm_comm.h); cuda::Algo (csrc/cuda/peer_types.h)
+// has the same values, tied by static_asserts in csrc/torch/enum_bindings.cpp. Names are the values
+// of RINGZERO_ALLREDUCE_ALGO.
+enum class AllReduceAlgo : int32_t { Auto = 0, OneShot = 1, TwoShot = 2, Ring = 3 };
+constexpr int kNumAllReduceAlgos = 4;
+
+// What a rank called: carried in fingerprints (shared memory, and the network paths with
+// RINGZERO_DEBUG=1) so that ranks calling different collectives are told apart, and named in errors.
+enum class CollectiveKind : int32_t {
+  Barrier = 0, AllReduce = 1, ReduceScatter = 2, AllGather = 3, AllGatherV = 4, Broadcast = 5, Reduce = 6
+};
+constexpr int kNumCollectiveKinds = 7;
 
 inline size_t dtype_size(DType t) {
   switch (t) {
@@ -34,6 +49,19 @@ inline const char* op_name(ReduceOp op) {
   static const char* names[] = {"SUM", "AVG", "MIN", "MAX", "PRODUCT"};
   int i = static_cast<int>(op);
   return (i >= 0 && i < kNumReduceOps) ? names[i] : "unknown";
+}
+
+inline const char* algo_name(AllReduceAlgo algo) {
+  static const char* names[] = {"auto", "oneshot", "twoshot", "ring"};
+  int i = static_cast<int>(algo);
+  return (i >= 0 && i < kNumAllReduceAlgos) ? names[i] : "unknown";
+}
+
+inline const char* collective_name(CollectiveKind kind) {
+  static const char* names[] = {"barrier", "all_reduce", "reduce_scatter", "all_gather",
+                                "all_gather_v", "broadcast", "reduce"};
+  int i = static_cast<int>(kind);
+  return (i >= 0 && i < kNumCollectiveKinds) ? names[i] : "unknown";
 }
 
 }  // namespace ringzero

@@ -51,18 +51,28 @@ PYBIND11_DECLARE_HOLDER_TYPE(T, NoGilPtr<T>, true)
 void bind_backend(py::module_& m) {
   using ringzero::RingzeroBackend;
   py::module_::import("torch._C._distributed_c10d");  // registers c10d.Backend, our base
+  py::class_<ringzero::BackendConfig>(m, "BackendConfig", "What the c10d backend is built with (see backend.h)")
+      .def(py::init([](std::string host_id, double timeout_s, size_t slot_bytes, int all_reduce_algo) {
+             TORCH_CHECK_VALUE(all_reduce_algo >= 0 && all_reduce_algo < ringzero::kNumAllReduceAlgos,
+                               "all_reduce_algo must be one of ringzero._C.ALL_REDUCE_ALGOS, got ", all_reduce_algo);
+             return ringzero::BackendConfig{std::move(host_id), timeout_s, slot_bytes,
+                                            static_cast<ringzero::AllReduceAlgo>(all_reduce_algo)};
+           }),
+           py::arg("host_id"), py::arg("timeout_s"), py::arg("slot_bytes"), py::arg("all_reduce_algo"))
+      .def_readonly("host_id", &ringzero::BackendConfig::host_id)
+      .def_readonly("timeout_s", &ringzero::BackendConfig::timeout_s)
+      .def_readonly("slot_bytes", &ringzero::BackendConfig::slot_bytes)
+      .def_property_readonly("all_reduce_algo",
+                             [](const ringzero::BackendConfig& c) { return static_cast<int>(c.all_reduce_algo); });
   py::class_<RingzeroBackend, c10d::Backend, NoGilPtr<RingzeroBackend>>(m, "RingzeroBackend",
                                                                          "ringzero's c10d backend (see backend.h)")
-      .def(py::init([](c10d::Store* store, int rank, int size, std::string host_id, double timeout_s,
-                       size_t slot_bytes, int all_reduce_algo, c10d::Backend* cpu_fallback,
-                       c10d::Backend* cuda_fallback) {
+      .def(py::init([](c10d::Store* store, int rank, int size, const ringzero::BackendConfig& config,
+                       c10d::Backend* cpu_fallback, c10d::Backend* cuda_fallback) {
              TORCH_CHECK_VALUE(store, "store must not be None");
-             ringzero::BackendConfig cfg{std::move(host_id), timeout_s, slot_bytes, all_reduce_algo};
              return NoGilPtr<RingzeroBackend>(c10::make_intrusive<RingzeroBackend>(
-                 share(store), rank, size, std::move(cfg), share(cpu_fallback), share(cuda_fallback)));
+                 share(store), rank, size, config, share(cpu_fallback), share(cuda_fallback)));
            }),
-           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("host_id"), py::arg("timeout_s"),
-           py::arg("slot_bytes"), py::arg("all_reduce_algo"), py::arg("cpu_fallback"),
+           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("config"), py::arg("cpu_fallback"),
            py::arg("cuda_fallback") = nullptr, py::call_guard<py::gil_scoped_release>(),
            "Collective over the group: rendezvous of the shared-memory segment through `store`.")
       .def_property_readonly("uses_shared_memory", &RingzeroBackend::uses_shared_memory,

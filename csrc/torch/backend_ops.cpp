@@ -142,7 +142,7 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::allreduce(std::vector<at::Tensor
   const at::Tensor& t = single(tensors, "allreduce");
   const Reduction red = reduction(opts.reduceOp, tensors, "allreduce");
   if (auto* inner = route(t.device(), "allreduce", red.native)) return inner->allreduce(tensors, opts);
-  const auto algo = static_cast<AllReduceAlgo>(config_.all_reduce_algo);
+  const AllReduceAlgo algo = config_.all_reduce_algo;
   return enqueue(c10d::OpType::ALLREDUCE, {t}, opts.timeout, [t, red, algo](ShmComm& c) {
     at::Tensor buf = red.stage(t);
     c.all_reduce(buf.data_ptr(), buf.data_ptr(), buf.numel(), red.dtype, red.op, algo);
@@ -156,7 +156,7 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::allreduce_coalesced(std::vector<
   const Reduction red = reduction(opts.reduceOp, tensors, "allreduce_coalesced");
   if (auto* inner = route(tensors[0].device(), "allreduce_coalesced", red.native))
     return inner->allreduce_coalesced(tensors, opts);
-  const auto algo = static_cast<AllReduceAlgo>(config_.all_reduce_algo);
+  const AllReduceAlgo algo = config_.all_reduce_algo;
   // One collective over the concatenation: one synchronisation for many small tensors.
   return enqueue(c10d::OpType::ALLREDUCE_COALESCED, tensors, opts.timeout, [tensors, red, algo](ShmComm& c) {
     std::vector<at::Tensor> staged;

@@ -10,6 +10,7 @@ namespace py = pybind11;
 void bind_cuda(py::module_& m) {
   m.attr("has_cuda") = false;
   m.attr("has_nccl") = false;
+  m.attr("CUDA_COLLS") = py::dict();
 }
 
 #else
@@ -173,6 +174,13 @@ void bind_cuda(py::module_& m) {
 #else
   m.attr("has_nccl") = false;
 #endif
+  // The `coll` codes of CudaPeerComm.run and CudaSimWorld.run (cuda::Coll, csrc/cuda/peer_comm.h) by
+  // name: python/ringzero/comm/cuda.py reads them here rather than keeping its own integers.
+  py::dict colls;
+  colls["all_reduce"] = static_cast<int>(cuda::Coll::AllReduce);
+  colls["reduce_scatter"] = static_cast<int>(cuda::Coll::ReduceScatter);
+  colls["all_gather"] = static_cast<int>(cuda::Coll::AllGather);
+  m.attr("CUDA_COLLS") = colls;
 
   m.def(
       "cuda_reduce_",

@@ -13,6 +13,7 @@ using namespace ringzero;
 
 void bind_adam(py::module& m);  // adam_bindings.cpp
 void bind_cuda(py::module_& m);  // cuda_bindings.cpp
+void bind_enums(py::module_& m);  // enum_bindings.cpp
 
 namespace {
 
@@ -65,6 +66,7 @@ PYBIND11_MODULE(_C, m) {
     }
   });
 
+  bind_enums(m);
   bind_adam(m);
   bind_cuda(m);
   { void bind_backend(py::module_&); bind_backend(m); }  // c10d backend: csrc/torch/backend_bindings.cpp

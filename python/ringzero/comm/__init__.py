@@ -1,7 +1,10 @@
-"""Layer 5: the Communicator per ProcessGroup and the public collectives."""
+"""Layer 5: the HostGroup and Communicator per ProcessGroup, the configuration and the public collectives."""
 from .api import (all_gather_into_tensor, all_gather_single, all_gather_v, all_reduce, barrier, broadcast, reduce,
                   reduce_scatter_single, reduce_scatter_tensor)
-from .communicator import Communicator, comm_seconds, destroy_communicators, get_communicator, host_id
+from .communicator import Communicator, comm_seconds, destroy_communicators, get_communicator
+from .config import Config, from_env
+from .host_group import HostGroup
+from .topology import Topology, host_id
 from .errors import CollectiveMismatch, CommError, CommTimeout
 from .types import ReduceOp
 from .work import Work

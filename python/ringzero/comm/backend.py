@@ -11,21 +11,23 @@ rest to: gloo for CPU tensors, NCCL for CUDA tensors when torch has it and a GPU
 from __future__ import annotations
 
 import datetime
-import os
 
 import torch
 import torch.distributed as dist
 
 from .. import _C
-from .communicator import ALGOS, _env_float, _env_int, host_id
+from .config import Config, from_env
+from .topology import host_id
 
 BACKEND_NAME = "ringzero"
 
 
-def _timeout_s(timeout) -> float:
-    """RINGZERO_TIMEOUT_S when set, else the timeout given to init_process_group / new_group."""
-    default = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
-    return _env_float("RINGZERO_TIMEOUT_S", default if default > 0 else 300.0)
+def backend_config(config: Config, timeout: datetime.timedelta) -> "_C.BackendConfig":
+    """What the C++ backend takes from the validated configuration: the host identity, RINGZERO_TIMEOUT_S
+    when set (else the timeout given to init_process_group / new_group), the shared-memory slot and the
+    all-reduce algorithm."""
+    return _C.BackendConfig(host_id=host_id(config.host_id), timeout_s=config.timeout_or(timeout.total_seconds()),
+                            slot_bytes=config.shm_buffer_bytes, all_reduce_algo=config.algo_code)
 
 
 def _inner_cuda_backend(store, rank: int, size: int, timeout):
@@ -47,15 +49,10 @@ def _create_backend(dist_opts, backend_options=None):
     store, rank, size, timeout = dist_opts.store, dist_opts.group_rank, dist_opts.group_size, dist_opts.timeout
     if not isinstance(timeout, datetime.timedelta):
         timeout = datetime.timedelta(seconds=float(timeout))
-    algo = os.environ.get("RINGZERO_ALLREDUCE_ALGO", "auto").lower()
-    if algo not in ALGOS:
-        raise ValueError(f"RINGZERO_ALLREDUCE_ALGO={algo!r}: use one of {', '.join(ALGOS)}")
+    config = backend_config(from_env(), timeout)  # validated before any inner backend is built
     gloo = ProcessGroupGloo(dist.PrefixStore("gloo/", store), rank, size, timeout)
     cuda = _inner_cuda_backend(store, rank, size, timeout)
-    return _C.RingzeroBackend(
-        store, rank, size, host_id(), _timeout_s(timeout), _env_int("RINGZERO_SHM_BUFFER_BYTES", 1 << 20),
-        ALGOS[algo], gloo, cuda,
-    )
+    return _C.RingzeroBackend(store, rank, size, config, gloo, cuda)
 
 
 def register() -> None:

@@ -1,8 +1,8 @@
 """The Communicator: one per ProcessGroup, made lazily on the first collective.
 
-It finds which ranks share a host (RINGZERO_HOST_ID overrides the host identity, so tests can force
-the multi-host path on one machine), sets up the shared-memory segment for the ranks of this host,
-and picks the transport for each call:
+It takes the group's HostGroup (comm/host_group.py: the validated configuration, which ranks share a
+host, the store rendezvous), sets up the shared-memory segment for the ranks of this host, and picks
+the transport for each call:
   - one host: shared-memory collectives (csrc/core/shm_comm.cpp);
   - several hosts with the same number of ranks each: hierarchical all-reduce (shared-memory
     reduce-scatter, one ring per local rank across hosts, shared-memory all-gather); the other
@@ -14,9 +14,6 @@ from __future__ import annotations
 
 import atexit
 import concurrent.futures
-import datetime
-import os
-import socket
 import threading
 import time
 
@@ -24,160 +21,70 @@ import torch
 import torch.distributed as dist
 
 from .. import _C
-from .errors import CollectiveMismatch, CommError, CommTimeout
+from .cuda import CudaPath
+from .errors import CollectiveMismatch, CommTimeout
 from .flight import FlightRecorder
+from .hierarchical import all_reduce_hierarchical
+from .host_group import HostGroup
 from .ring import P2PRing
-from .types import SUPPORTED_DTYPES, ReduceOp
+from .types import SUPPORTED_DTYPES, CollectiveKind, ReduceOp
 from .work import Work
-
-ALGOS = {"auto": 0, "oneshot": 1, "twoshot": 2, "ring": 3}
-_OP_CODES = {"barrier": 0, "all_reduce": 1, "reduce_scatter": 2, "all_gather": 3, "broadcast": 4, "reduce": 5}
-
-
-def _env_float(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} is not a number") from None
-    if value <= 0:
-        raise ValueError(f"{name} must be positive, got {raw}")
-    return value
-
-
-def _env_int(name: str, default: int) -> int:
-    return int(_env_float(name, default))
-
-
-def host_id() -> str:
-    """This process's host identity: RINGZERO_HOST_ID if set, else hostname and boot id."""
-    forced = os.environ.get("RINGZERO_HOST_ID")
-    if forced:
-        return forced
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
-    except OSError:
-        boot = ""
-    return f"{socket.gethostname()}:{boot}"
 
 
 class Communicator:
     """Transport state for one ProcessGroup. Use get_communicator(group) rather than building one."""
 
     def __init__(self, group, generation: int = 0, first_op: str = "collective"):
+        self.host_group = hg = HostGroup(group, generation, first_op)
+        cfg, topo = hg.config, hg.topology
         self.group = group
-        self._first_op = first_op
-        self.rank = dist.get_rank(group)
-        self.world = dist.get_world_size(group)
-        self.global_ranks = dist.get_process_group_ranks(group)
-        self.timeout_s = _env_float("RINGZERO_TIMEOUT_S", 300.0)
-        self.slot_bytes = _env_int("RINGZERO_SHM_BUFFER_BYTES", 1 << 20)
-        self.ring_slice_bytes = _env_int("RINGZERO_RING_SLICE_BYTES", 1 << 20)
-        algo = os.environ.get("RINGZERO_ALLREDUCE_ALGO", "auto").lower()
-        if algo not in ALGOS:
-            raise ValueError(f"RINGZERO_ALLREDUCE_ALGO={algo!r}: use one of {', '.join(ALGOS)}")
-        self.algo = ALGOS[algo]
+        self.rank, self.world, self.global_ranks = hg.rank, hg.world, hg.global_ranks
+        self.timeout_s = hg.timeout_s
+        self.slot_bytes = cfg.shm_buffer_bytes
+        self.ring_slice_bytes = cfg.ring_slice_bytes
+        self.algo = cfg.algo_code
         # Fingerprint checks are always on for shared memory (free there); on the network paths they cost
         # one small all-gather per call, so they run only with RINGZERO_DEBUG=1.
-        self.debug = os.environ.get("RINGZERO_DEBUG", "0") not in ("", "0")
+        self.debug = cfg.debug
         self.seq = 0  # calls submitted
         self.busy_s = 0.0  # seconds spent inside collectives (overlapped async time included)
         self._running_seq = 0
-        self.flight = FlightRecorder(dist.get_rank(), f"group of {self.world} ranks {self.global_ranks[:8]}")
+        self.flight = FlightRecorder(dist.get_rank(), f"group of {self.world} ranks {self.global_ranks[:8]}",
+                                     cfg.flight_dir)
         self.shm = None
         self._lock = threading.Lock()
         self._pending = 0
         self._executor = None
         self._cuda = None  # CudaPath, made on the first CUDA collective (comm/cuda.py)
 
-        self._store = _rendezvous_store(group, generation)
-        infos = self._exchange("host", f"{host_id()}|{os.getpid()}", list(range(self.world)))
-        hosts = [info.rsplit("|", 1)[0] for info in infos]
-        self.hosts: dict[str, list[int]] = {}
-        for r, h in enumerate(hosts):
-            self.hosts.setdefault(h, []).append(r)
-        self.local_ranks = self.hosts[hosts[self.rank]]
-        self.local_rank = self.local_ranks.index(self.rank)
-        self.local_world = len(self.local_ranks)
-        self.single_host = len(self.hosts) == 1
-        sizes = {len(v) for v in self.hosts.values()}
-        self.hierarchical = not self.single_host and len(sizes) == 1 and self.local_world > 1
+        self.hosts = topo.hosts
+        self.local_ranks, self.local_rank, self.local_world = topo.local_ranks, topo.local_rank, topo.local_world
+        self.single_host, self.hierarchical = topo.single_host, topo.hierarchical
         if self.local_world > 1:
-            self._setup_shm(hosts[self.rank])
+            self._setup_shm()
 
         self.flat_ring = None
         self.cross_ring = None
         if not self.single_host:
             self.flat_ring = P2PRing(group, self.global_ranks, self.rank, self.timeout_s, self.ring_slice_bytes)
             if self.hierarchical:
-                members = [self.global_ranks[ranks[self.local_rank]] for ranks in self.hosts.values()]
-                pos = list(self.hosts).index(hosts[self.rank])
-                self.cross_ring = P2PRing(group, members, pos, self.timeout_s, self.ring_slice_bytes)
+                members = [self.global_ranks[r] for r in topo.cross_ring]
+                self.cross_ring = P2PRing(group, members, topo.cross_ring.index(self.rank), self.timeout_s,
+                                          self.ring_slice_bytes)
 
-    def _exchange(self, key: str, value: str, ranks: list[int]) -> list[str]:
-        """Publishes value under key/<my rank> and returns the values of `ranks`, waiting at most the
-        timeout (a rank that never arrives raises CommTimeout naming it, not a hang)."""
-        self._store.set(f"{key}/{self.rank}", value)
-        return [v.decode() for v in self._wait([f"{key}/{r}" for r in ranks], ranks, key)]
-
-    def _wait(self, keys: list[str], ranks: list[int], what: str) -> list[bytes]:
-        try:
-            self._store.wait(keys, datetime.timedelta(seconds=self.timeout_s))
-        except Exception as e:  # the store raises DistStoreError on timeout
-            missing = [r for k, r in zip(keys, ranks) if not self._store.check([k])]
-            raise CommTimeout(
-                f"ringzero {self._first_op}: setting up the communicator (the first ringzero call on this group) "
-                f"on group rank {self.rank}: group ranks {missing} did not arrive within {self.timeout_s} s "
-                f"(step '{what}'). Every rank of the group must call the same collectives; raise "
-                "RINGZERO_TIMEOUT_S if a rank is legitimately slow to start."
-            ) from e
-        return [self._store.get(k) for k in keys]
-
-    def _setup_shm(self, host: str):
-        """The leader creates the segment and publishes its name; the others open it; once all have it
-        mapped the leader unlinks it (a killed process then leaks nothing) and says so. An error on any
-        rank of the host is raised on every rank of the host."""
-        key = f"shm/{host}"
-        leader = self.local_ranks[0]
-        peers = self.local_ranks[1:]
-        if self.rank == leader:
-            try:
-                self.shm = _C.ShmComm("", 0, self.local_world, self.slot_bytes, self.timeout_s, self.local_ranks)
-                self._store.set(key, "ok|" + self.shm.name)
-            except Exception as e:
-                self._store.set(key, f"error|rank {self.rank}: {e}")
-                raise
-            try:
-                statuses = [v.decode() for v in self._wait([f"{key}/opened/{r}" for r in peers], peers, "open")]
-            finally:
-                self.shm.unlink()
-            errors = [s for s in statuses if s != "ok"]
-            self._store.set(f"{key}/ready", "; ".join(errors) if errors else "ok")
-        else:
-            status, _, payload = self._wait([key], [leader], "create")[0].decode().partition("|")
-            if status != "ok":
-                raise CommError(f"ringzero could not set up shared memory: {payload}")
-            try:
-                self.shm = _C.ShmComm(payload, self.local_rank, self.local_world, self.slot_bytes, self.timeout_s,
-                                      self.local_ranks)
-                self._store.set(f"{key}/opened/{self.rank}", "ok")
-            except Exception as e:
-                self._store.set(f"{key}/opened/{self.rank}", f"rank {self.rank}: {e}")
-                raise
-            errors = self._wait([f"{key}/ready"], [leader], "ready")[0].decode()
-        if errors != "ok" and errors:
-            self.shm = None
-            raise CommError(f"ringzero could not set up shared memory: {errors}")
+    def _setup_shm(self):
+        """This host's shared-memory segment, made by its first rank and opened by the others through
+        the HostGroup (comm/host_group.py share_segment)."""
+        self.shm = self.host_group.share_segment(
+            "shm",
+            create=lambda: _C.ShmComm("", 0, self.local_world, self.slot_bytes, self.timeout_s, self.local_ranks),
+            open_=lambda name: _C.ShmComm(name, self.local_rank, self.local_world, self.slot_bytes, self.timeout_s,
+                                          self.local_ranks))
 
     # ---- execution ---------------------------------------------------------------------------------
     def cuda_path(self, t: torch.Tensor, op: str):
         """The CUDA transports (comm/cuda.py), made at this group's first CUDA collective."""
         if self._cuda is None:
-            from .cuda import CudaPath
-
             self._cuda = CudaPath(self, t.device)
         self._cuda.check_device(t, op)
         return self._cuda
@@ -247,7 +154,7 @@ class Communicator:
         """The flat ring, after (with RINGZERO_DEBUG=1) checking that every rank calls the same thing."""
         ring = self.flat_ring
         if self.debug:
-            fields = [self._running_seq, _OP_CODES[op], SUPPORTED_DTYPES.index(x.dtype), x.numel(), root,
+            fields = [self._running_seq, CollectiveKind[op.upper()], SUPPORTED_DTYPES.index(x.dtype), x.numel(), root,
                       -1 if reduce_op is None else int(reduce_op)]
             mine = torch.tensor(fields, dtype=torch.int64)
             table = torch.empty(self.world * len(fields), dtype=torch.int64)
@@ -255,7 +162,7 @@ class Communicator:
             ring.all_gather(mine, table)
             rows = table.view(self.world, len(fields)).tolist()
             if any(row != rows[0] for row in rows):
-                names = {v: k for k, v in _OP_CODES.items()}
+                names = {int(k): k.name.lower() for k in CollectiveKind}
                 lines = [f"  {r:>4} | {names.get(row[1], '?'):<14} | {row[0]:>4} | "
                          f"{str(SUPPORTED_DTYPES[row[2]]).replace('torch.', ''):<8} | {row[3]:>10} | {row[5]:>2} | {row[4]}"
                          for r, row in enumerate(rows)]
@@ -281,18 +188,14 @@ class Communicator:
         if not self.hierarchical:
             ring.all_reduce(x, base, divisor)
             return
-        # Hierarchical: reduce-scatter in the host, one ring per local rank across hosts, all-gather.
-        L = self.local_world
-        c = -(-x.numel() // L)
-        staged = x if x.numel() == L * c else torch.cat([x, x.new_zeros(L * c - x.numel())])
-        part = torch.empty(c, dtype=x.dtype)
-        self.shm.reduce_scatter(staged, part, int(base))
-        self.cross_ring.begin(self._label("all_reduce"))
-        self.cross_ring.all_reduce(part, base, divisor)
-        gathered = x if staged is x else torch.empty_like(staged)
-        self.shm.all_gather(part, gathered)
-        if gathered is not x:
-            x.copy_(gathered[: x.numel()])
+
+        def cross(part):  # AVG: the ring divides at its last step ([Note: AVG in the hierarchical all-reduce])
+            self.cross_ring.begin(self._label("all_reduce"))
+            self.cross_ring.all_reduce(part, base, divisor)
+
+        all_reduce_hierarchical(x, self.local_world,
+                                lambda staged, part: self.shm.reduce_scatter(staged, part, int(base)),
+                                cross, self.shm.all_gather)
 
     def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, op: ReduceOp):
         if out.is_cuda:
@@ -359,15 +262,6 @@ def _through_host(fn, out: torch.Tensor, *inputs: torch.Tensor):
     host = out.cpu()
     fn(host, *(t.cpu() for t in inputs))
     out.copy_(host)
-
-
-def _rendezvous_store(group, generation: int):
-    """The group's own store, under a prefix unique to this communicator."""
-    from torch.distributed import distributed_c10d as c10d
-
-    getter = getattr(c10d, "_get_process_group_store", None)
-    store = getter(group) if getter else c10d._world.pg_map[group][1]
-    return dist.PrefixStore(f"ringzero/{generation}/", store)
 
 
 _COMMS: dict[int, Communicator] = {}

@@ -2,7 +2,8 @@
 
   - ranks on one host: peer-memory collectives over CUDA IPC (csrc/cuda: one-shot, two-shot and ring
     all-reduce; ring reduce-scatter and all-gather), each rank's staging buffer and flags exchanged as
-    IPC handles through the process group;
+    IPC handles through the group's store (comm/host_group.py: a rank that never arrives gives
+    CommTimeout naming it);
   - several hosts: the ring driver over NCCL send/recv with our reduction kernel between steps
     (csrc/nccl), hierarchical when every host has the same number of ranks (IPC reduce-scatter in the
     host, NCCL ring across hosts, IPC all-gather), flat otherwise.
@@ -25,32 +26,24 @@ and the fuzz have been compiled only, not run on a GPU yet.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.distributed as dist
 
 from .. import _C
-from .communicator import _env_int
+from .config import from_env
 from .errors import CommError, CommTimeout
+from .hierarchical import all_reduce_hierarchical
 from .types import ReduceOp
 
 CUDA_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64)
-ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER = 0, 1, 2  # csrc/cuda/peer_comm.h Coll
+# The `coll` codes of the peer collectives (cuda::Coll), from _C; None in a build without CUDA.
+ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER = (_C.CUDA_COLLS.get(k) for k in ("all_reduce", "reduce_scatter", "all_gather"))
 
 
 def peer_config(timeout_s: float | None = None) -> dict:
-    """Keyword arguments of _C.CudaPeerComm/_C.CudaSimWorld from the RINGZERO_CUDA_* variables."""
-    if timeout_s is None:
-        timeout_s = float(os.environ.get("RINGZERO_TIMEOUT_S", "300"))
-    return dict(
-        staging_bytes=_env_int("RINGZERO_CUDA_BUFFER_BYTES", 8 << 20),
-        timeout_s=timeout_s,
-        ring_channels=_env_int("RINGZERO_CUDA_RING_CHANNELS", 16),
-        max_blocks=_env_int("RINGZERO_CUDA_MAX_BLOCKS", 32),
-        one_shot_max_bytes=_env_int("RINGZERO_CUDA_ONESHOT_MAX_BYTES", 256 << 10),
-        two_shot_max_bytes=_env_int("RINGZERO_CUDA_TWOSHOT_MAX_BYTES", 16 << 20),
-    )
+    """Keyword arguments of _C.CudaPeerComm/_C.CudaSimWorld from the RINGZERO_CUDA_* variables
+    (comm/config.py); timeout_s overrides RINGZERO_TIMEOUT_S."""
+    return from_env().peer_config(timeout_s)
 
 
 def check_available(op: str, arg: str):
@@ -72,7 +65,7 @@ def simulated_world(nranks: int, **overrides):
 def blocking_wait() -> bool:
     """RINGZERO_CUDA_BLOCKING_WAIT=1: blocking calls and wait() wait for the kernel on the host and raise
     CommTimeout at once (see the module docstring)."""
-    return os.environ.get("RINGZERO_CUDA_BLOCKING_WAIT", "0") not in ("", "0")
+    return from_env().cuda_blocking_wait
 
 
 class CudaWork:
@@ -131,11 +124,16 @@ class CudaPath:
         self.comm = comm
         self.device = device
         self.stream = torch.cuda.Stream(device)  # the one stream all of this communicator's ops use
-        cfg = peer_config(comm.timeout_s)
+        cfg = comm.host_group.config.peer_config(comm.timeout_s)
         self.peer = None
         self.flat = None
         self.cross = None
         slice_bytes = comm.ring_slice_bytes
+        # Every exchange below goes through the group's store with the timeout: a rank that never gets
+        # here makes the others raise CommTimeout naming it.
+        self._rendezvous = comm.host_group.rendezvous.relabelled(
+            "ringzero: setting up the CUDA path (the first CUDA collective on this group)")
+        everyone = list(range(comm.world))
         error = None
         try:
             with torch.cuda.device(device):
@@ -143,18 +141,18 @@ class CudaPath:
                     self.peer = _C.CudaPeerComm(comm.local_rank, comm.local_world, **cfg)
         except Exception as e:  # reported to every rank below
             error = f"rank {comm.rank}: {e}"
-        handles = [None] * comm.world
-        dist.all_gather_object(handles, (self.peer.ipc_handle() if self.peer else None, error), group=comm.group)
+        handles = self._rendezvous.all_gather_object(
+            "cuda/ipc", (self.peer.ipc_handle() if self.peer else None, error), everyone)
         errors = [e for _, e in handles if e]
         if not errors and self.peer is not None:
             try:
                 self.peer.open_peers([handles[r][0] for r in comm.local_ranks])
             except Exception as e:
                 error = f"rank {comm.rank}: {e}"
-        if not comm.single_host:
-            error = error or self._setup_nccl(slice_bytes)
-        opened = [None] * comm.world
-        dist.all_gather_object(opened, error, group=comm.group)
+        if not comm.single_host and not errors:  # every rank takes part: the others wait for its ids
+            nccl_error = self._setup_nccl(slice_bytes)
+            error = error or nccl_error
+        opened = self._rendezvous.all_gather_object("cuda/opened", error, everyone)
         errors += [e for e in opened if e]
         if errors:
             raise CommError("ringzero could not set up the CUDA path: " + "; ".join(sorted(set(errors))))
@@ -162,25 +160,24 @@ class CudaPath:
     def _setup_nccl(self, slice_bytes: int):
         """NCCL rings across hosts: the flat ring over the whole group, and when hierarchical one more
         ring per local rank across hosts. Each ring's first member makes its unique id; the ids travel
-        through the group (all_gather_object). Returns an error string or None."""
+        through the group's store. Returns an error string or None."""
         comm = self.comm
         if not getattr(_C, "has_nccl", False):
             return f"rank {comm.rank}: this build has no NCCL (the nvidia-nccl-cu13 wheel was not found at build time)"
-        hosts = list(comm.hosts.values())
-        cross = [[h[i] for h in hosts] for i in range(comm.local_world)] if comm.hierarchical else []
+        topo = comm.host_group.topology
         try:
-            self.flat = self._nccl_ring(list(range(comm.world)), slice_bytes)
-            if cross:
-                self.cross = self._nccl_ring(next(m for m in cross if comm.rank in m), slice_bytes, cross)
+            self.flat = self._nccl_ring("cuda/nccl/flat", list(range(comm.world)), slice_bytes)
+            if topo.hierarchical:
+                self.cross = self._nccl_ring("cuda/nccl/cross", topo.cross_ring, slice_bytes, topo.cross_rings)
         except Exception as e:
             return f"rank {comm.rank}: NCCL ring setup failed: {e}"
         return None
 
-    def _nccl_ring(self, members: list[int], slice_bytes: int, all_rings: list[list[int]] | None = None):
+    def _nccl_ring(self, key: str, members: list[int], slice_bytes: int, all_rings: list[list[int]] | None = None):
         comm = self.comm
         leaders = {m[0] for m in (all_rings or [members])}
-        ids = [None] * comm.world
-        dist.all_gather_object(ids, _C.nccl_unique_id() if comm.rank in leaders else None, group=comm.group)
+        ids = self._rendezvous.all_gather_object(
+            key, _C.nccl_unique_id() if comm.rank in leaders else None, list(range(comm.world)))
         with torch.cuda.device(self.device):
             return _C.NcclRing(ids[members[0]], members.index(comm.rank), len(members), slice_bytes)
 
@@ -250,17 +247,11 @@ class CudaPath:
             self.flat.all_reduce(x, int(op))
         else:
             base = ReduceOp.SUM if op == ReduceOp.AVG else op
-            L = comm.local_world
-            c = -(-x.numel() // L)
-            staged = x if x.numel() == L * c else torch.cat([x, x.new_zeros(L * c - x.numel())])
-            part = torch.empty(c, dtype=x.dtype, device=x.device)
-            self.peer.run(REDUCE_SCATTER, staged, part, int(base), 0)
-            self.cross.all_reduce(part, int(base))
-            gathered = x if staged is x else torch.empty_like(staged)
-            self.peer.run(ALL_GATHER, part, gathered, int(base), 0)
-            if gathered is not x:
-                x.copy_(gathered[: x.numel()])
-            if op == ReduceOp.AVG:
+            all_reduce_hierarchical(x, comm.local_world,
+                                    lambda staged, part: self.peer.run(REDUCE_SCATTER, staged, part, int(base), 0),
+                                    lambda part: self.cross.all_reduce(part, int(base)),
+                                    lambda part, gathered: self.peer.run(ALL_GATHER, part, gathered, int(base), 0))
+            if op == ReduceOp.AVG:  # [Note: AVG in the hierarchical all-reduce] (comm/hierarchical.py)
                 if x.dtype.is_floating_point:
                     x.div_(comm.world)
                 else:

@@ -21,9 +21,13 @@ _SIGNAL_INSTALLED = False
 
 
 class FlightRecorder:
-    def __init__(self, global_rank: int, label: str):
+    """The recent collectives of one communicator; files go to `folder` (Config.flight_dir, from
+    RINGZERO_FLIGHT_DIR) or, when empty, the temp folder."""
+
+    def __init__(self, global_rank: int, label: str, folder: str = ""):
         self.global_rank = global_rank
         self.label = label
+        self.folder = folder
         self.entries = collections.deque(maxlen=CAPACITY)
         _RECORDERS.add(self)
         _install_signal_handler()
@@ -41,7 +45,7 @@ class FlightRecorder:
         entry[6] = status
 
     def path(self) -> str:
-        folder = os.environ.get("RINGZERO_FLIGHT_DIR") or tempfile.gettempdir()
+        folder = self.folder or tempfile.gettempdir()
         return os.path.join(folder, f"ringzero-flight-rank{self.global_rank}-pid{os.getpid()}.txt")
 
     def dump(self, reason: str) -> str:

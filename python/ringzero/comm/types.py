@@ -1,4 +1,5 @@
-"""ReduceOp and dtype tables shared by the Python layer (values match csrc/core/types.h)."""
+"""The enums and dtype table of the Python layer, built from the one table in C++ (csrc/core/types.h,
+exported by ringzero._C): no integer here is kept in step by hand (tests/test_structure.py checks)."""
 from __future__ import annotations
 
 import enum
@@ -6,29 +7,27 @@ import enum
 import torch
 import torch.distributed as dist
 
-
-class ReduceOp(enum.IntEnum):
-    """Reduction operators, mirroring torch.distributed.ReduceOp (values match the C++ enum)."""
-
-    SUM = 0
-    AVG = 1
-    MIN = 2
-    MAX = 3
-    PRODUCT = 4
+from .. import _C
 
 
-SUPPORTED_DTYPES = (
-    torch.float32, torch.float64, torch.bfloat16, torch.float16,
-    torch.int8, torch.uint8, torch.int32, torch.int64,
-)
+def _from_cpp(name: str, table: dict, doc: str) -> type[enum.IntEnum]:
+    """An IntEnum named `name` whose members are the upper-cased names of `table` (name -> C++ value)."""
+    cls = enum.IntEnum(name, {key.upper(): value for key, value in table.items()}, module=__name__)
+    cls.__doc__ = doc
+    return cls
 
-_TORCH_OPS = {
-    dist.ReduceOp.SUM: ReduceOp.SUM,
-    dist.ReduceOp.AVG: ReduceOp.AVG,
-    dist.ReduceOp.MIN: ReduceOp.MIN,
-    dist.ReduceOp.MAX: ReduceOp.MAX,
-    dist.ReduceOp.PRODUCT: ReduceOp.PRODUCT,
-}
+
+ReduceOp = _from_cpp("ReduceOp", _C.REDUCE_OPS,
+                     "Reduction operators, mirroring torch.distributed.ReduceOp (SUM, AVG, MIN, MAX, PRODUCT).")
+AllReduceAlgo = _from_cpp("AllReduceAlgo", _C.ALL_REDUCE_ALGOS,
+                          "All-reduce schedules (AUTO, ONESHOT, TWOSHOT, RING), chosen by RINGZERO_ALLREDUCE_ALGO.")
+CollectiveKind = _from_cpp("CollectiveKind", _C.COLLECTIVE_KINDS,
+                           "What a rank called, as carried in collective fingerprints (BARRIER, ALL_REDUCE, ...).")
+
+# In the order of the C++ DType values (the fingerprint carries the index).
+SUPPORTED_DTYPES = tuple(getattr(torch, name) for name in _C.DTYPES)
+
+_TORCH_OPS = {getattr(dist.ReduceOp, op.name): op for op in ReduceOp}  # same member names as torch's
 
 
 def to_reduce_op(op, arg: str = "op") -> ReduceOp:

@@ -13,13 +13,13 @@ loss that is a mean over samples the gradients and the returned loss equal those
 from __future__ import annotations
 
 import datetime
-import os
 import time
 from typing import Callable
 
 import torch
 import torch.distributed as dist
 
+from ...comm.config import DEFAULT_TIMEOUT_S, from_env
 from ...comm.errors import CommTimeout
 from .plan import COMPUTE, Action, Kind, Plan, forward_plan
 from .schedules import make_plan
@@ -87,7 +87,7 @@ class PipelineRunner:
             device = first.device if first is not None else torch.device("cpu")
         self.device = torch.device(device)
         self.loss_fn, self.optimizer, self.grad_sync = loss_fn, optimizer, grad_sync
-        self.timeout = datetime.timedelta(seconds=timeout_s or float(os.environ.get("RINGZERO_TIMEOUT_S", 300)))
+        self.timeout = datetime.timedelta(seconds=timeout_s or from_env().timeout_or(DEFAULT_TIMEOUT_S))
         if plan.split_backward:
             from ..ddp import DistributedDataParallel
             from ..zero import ZeroDataParallel

@@ -1,0 +1,135 @@
+"""One HostGroup per ProcessGroup: the validated configuration, the topology (which group ranks share a
+host) and the rendezvous through the group's store, built once and taken by the Communicator and its
+CUDA path, so that neither parses the environment nor meets the other ranks on its own.
+
+Every rendezvous step goes through the store with a deadline: a rank that never arrives makes the
+others raise ringzero.CommTimeout naming it (group ranks), never a hang or a transport's own error.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import pickle
+
+import torch.distributed as dist
+
+from .config import DEFAULT_TIMEOUT_S, Config, from_env
+from .errors import CommError, CommTimeout
+from .topology import Topology, host_id
+
+
+class StoreRendezvous:
+    """Keyed exchanges among the ranks of one group through `store` (already prefixed for this use),
+    each wait bounded by `timeout_s`. `label` opens every timeout message (e.g. "ringzero all_reduce:
+    setting up the communicator ..."). Keys must be unique per exchange: every rank publishes
+    `<key>/<its rank>` once."""
+
+    def __init__(self, store, rank: int, timeout_s: float, label: str):
+        self.store = store
+        self.rank = rank
+        self.timeout_s = timeout_s
+        self.label = label
+
+    def relabelled(self, label: str) -> "StoreRendezvous":
+        """The same store and deadline, with another label (e.g. for the CUDA path's setup)."""
+        return StoreRendezvous(self.store, self.rank, self.timeout_s, label)
+
+    def publish(self, key: str, value: str | bytes):
+        """Sets `key` (readers wait for it with wait())."""
+        self.store.set(key, value)
+
+    def wait(self, keys: list[str], ranks: list[int], step: str) -> list[bytes]:
+        """The values of `keys`, published by `ranks` (keys[i] by ranks[i]), once all are set; CommTimeout
+        naming the ranks whose keys are still missing after timeout_s."""
+        try:
+            self.store.wait(keys, datetime.timedelta(seconds=self.timeout_s))
+        except Exception as e:  # the store raises DistStoreError on timeout
+            missing = sorted({r for k, r in zip(keys, ranks) if not self.store.check([k])})
+            raise CommTimeout(
+                f"{self.label} on group rank {self.rank}: group ranks {missing} did not arrive within "
+                f"{self.timeout_s} s (step '{step}'). Every rank of the group must call the same collectives; "
+                "raise RINGZERO_TIMEOUT_S if a rank is legitimately slow to start."
+            ) from e
+        return [self.store.get(k) for k in keys]
+
+    def exchange(self, key: str, value: str | bytes, ranks: list[int]) -> list[bytes]:
+        """Publishes value under `<key>/<my rank>` and returns the values of `ranks`, in that order."""
+        self.publish(f"{key}/{self.rank}", value)
+        return self.wait([f"{key}/{r}" for r in ranks], ranks, key)
+
+    def all_gather_object(self, key: str, obj, ranks: list[int]) -> list:
+        """exchange() of any picklable object (what dist.all_gather_object gives, bounded by the timeout
+        and naming a missing rank). Every rank of `ranks` must call it with the same key."""
+        return [pickle.loads(v) for v in self.exchange(key, pickle.dumps(obj), ranks)]
+
+
+class HostGroup:
+    """Config, topology and store rendezvous of one ProcessGroup (every rank of it builds one, at the
+    same call: building exchanges host identities through the store).
+
+    `generation` separates successive HostGroups of one group (a Communicator rebuilt after
+    destroy_communicators); `first_op` names the call that triggered the setup in error messages.
+    """
+
+    def __init__(self, group, generation: int = 0, first_op: str = "collective", config: Config | None = None):
+        self.config = from_env() if config is None else config  # validated before anything is exchanged
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world = dist.get_world_size(group)
+        self.global_ranks = dist.get_process_group_ranks(group)
+        self.timeout_s = self.config.timeout_or(DEFAULT_TIMEOUT_S)
+        self.rendezvous = StoreRendezvous(
+            group_store(group, generation), self.rank, self.timeout_s,
+            f"ringzero {first_op}: setting up the communicator (the first ringzero call on this group)")
+        infos = self.rendezvous.exchange("host", f"{host_id(self.config.host_id)}|{os.getpid()}",
+                                         list(range(self.world)))
+        self.topology = Topology.from_host_ids(self.rank, [v.decode().rsplit("|", 1)[0] for v in infos])
+
+    def share_segment(self, key: str, create, open_):
+        """A shared-memory object of this host's ranks (topology.local_ranks): the first of them calls
+        create() (an object with .name and .unlink()) and publishes its name; the others open_(name); once
+        all have it mapped the creator unlinks it (a killed process then leaks nothing) and says so. An
+        error on any rank of the host is raised on every rank of the host (CommError); a rank that never
+        arrives gives CommTimeout naming it. Every local rank must call it with the same key."""
+        topo, rdv = self.topology, self.rendezvous
+        key = f"{key}/{topo.host}"
+        leader, peers = topo.local_ranks[0], topo.local_ranks[1:]
+        if self.rank == leader:
+            try:
+                obj = create()
+                rdv.publish(key, "ok|" + obj.name)
+            except Exception as e:
+                rdv.publish(key, f"error|rank {self.rank}: {e}")
+                raise
+            try:
+                statuses = [v.decode() for v in rdv.wait([f"{key}/opened/{r}" for r in peers], peers, "open")]
+            finally:
+                obj.unlink()
+            errors = "; ".join(s for s in statuses if s != "ok")
+            rdv.publish(f"{key}/ready", errors or "ok")
+        else:
+            status, _, payload = rdv.wait([key], [leader], "create")[0].decode().partition("|")
+            if status != "ok":
+                raise CommError(f"ringzero could not set up shared memory: {payload}")
+            try:
+                obj = open_(payload)
+                rdv.publish(f"{key}/opened/{self.rank}", "ok")
+            except Exception as e:
+                rdv.publish(f"{key}/opened/{self.rank}", f"rank {self.rank}: {e}")
+                raise
+            errors = rdv.wait([f"{key}/ready"], [leader], "ready")[0].decode()
+        if errors and errors != "ok":
+            raise CommError(f"ringzero could not set up shared memory: {errors}")
+        return obj
+
+
+def group_store(group, generation: int):
+    """The group's own store, under a prefix unique to this generation of ringzero's state for it."""
+    from torch.distributed import distributed_c10d as c10d
+
+    getter = getattr(c10d, "_get_process_group_store", None)
+    store = getter(group) if getter else c10d._world.pg_map[group][1]
+    return dist.PrefixStore(f"ringzero/{generation}/", store)
+
+
+__all__ = ["HostGroup", "StoreRendezvous", "group_store"]
