@@ -1,21 +1,27 @@
 """Fused Adam benchmark: ringzero against torch.optim.AdamW (foreach and fused) in the same run.
 
-(a) plain float32 AdamW step: ringzero.optim.FusedAdamW vs torch.optim.AdamW(foreach=True) and
-    (fused=True), params as a list of 1M-element tensors. Bytes per parameter: 28 (grad 4, param 4+4,
-    exp_avg 4+4, exp_avg_sq 4+4).
-(b) mixed-precision step on flat buffers: bfloat16 grads, unscale by the loss scale, inf check, clip to a
-    global norm, AdamW on float32 masters, bfloat16 parameter copy. ringzero: ops.sum_squares (one read,
-    also sets found_inf) + ops.adam_step_ (one pass, writes the bfloat16 params): 30 B/param. torch: the
-    usual sequence of separate passes (GradScaler's non-finite check and unscale, clip_grad_norm_,
-    cast of the grads to float32, fused AdamW on the masters, copy to the bfloat16 params).
+(a)  plain float32 AdamW step: ringzero.optim.FusedAdamW vs torch.optim.AdamW(foreach=True) and
+     (fused=True), and on the CPU DeepSpeedCPUAdam when deepspeed is installed; params as a list of
+     1M-element tensors. Bytes per parameter: 28 (grad 4, param 4+4, exp_avg 4+4, exp_avg_sq 4+4).
+(a4) the same with the parameters as 4 large tensors.
+(b)  mixed-precision step on flat buffers: 16-bit grads, clip to a global norm, AdamW on float32
+     masters, 16-bit parameter copy, in the two forms torch supports: "fp16": float16 grads with loss
+     scaling (unscale and inf check, skip on inf; GradScaler's path); "bf16": bfloat16 grads, no loss
+     scaling. ringzero: ops.sum_squares (one read, also sets found_inf) + ops.adam_step_ (one pass, writes
+     the 16-bit params): 30 B/param. torch: the usual sequence of separate passes (the non-finite check
+     and unscale for fp16, clip_grad_norm_, cast of the grads to float32, fused AdamW on the masters,
+     copy to the 16-bit params).
 
-The floor is bytes moved / the memory bandwidth measured in the same run (the faster of a large copy_
-and an in-place add_, every byte read or written counted). Prints time (median), GB/s counted with our bytes per parameter, the fraction
-of the floor, and the speed ratio baseline_time / our_time.
+The floor is the fused step's bytes moved (28 B/param for a, 30 for b) over the memory bandwidth
+measured in the same run over the same working set (the faster of a copy_ and an in-place add_ over
+28 B/param, every byte read or written counted; at 1M params the data stays in cache, and the floor says
+so): no implementation of the step can be faster. Prints the floor in ms, time (median), GB/s
+counted with each row's own bytes per parameter, the fraction of the floor reached (floor / time), and the
+speed ratios baseline_time / our_time against torch fused (or the torch sequence) and the other baselines.
 
-    python benchmarks/optim.py [--sizes 1M,16M,128M] [--device cpu|cuda] [--threads N]
+    python benchmarks/optim.py [--sizes 1M,16M,128M] [--device cpu|cuda] [--threads N] [--out FILE]
 
-With --device cuda the table is also written to benchmarks/results/optim_<gpu name>.txt.
+--out also writes the table to FILE (gpu_check.sh keeps it under benchmarks/results/).
 """
 from __future__ import annotations
 
@@ -60,11 +66,12 @@ def timed_round_robin(fns, device, reps, setups=None):
     return [statistics.median(t) for t in times]
 
 
-def memory_bandwidth(device, reps):
-    """Bytes per second of the faster of two large streaming ops, the reference for the floor: a copy
-    (read + write counted) and an in-place add (two reads, one write), which is closer to Adam's
-    read-modify-write pattern."""
-    n = 64 << 20
+def memory_bandwidth(device, reps, working_set_bytes):
+    """Bytes per second of the faster of two streaming ops over `working_set_bytes` (the step's own
+    working set, so that a step whose data stays in a cache is held to the cache's speed, not to
+    DRAM's): a copy (read + write counted) and an in-place add (two reads, one write), which is closer
+    to Adam's read-modify-write pattern."""
+    n = max(1 << 16, working_set_bytes // 8)
     a, b = torch.ones(n, device=device), torch.empty(n, device=device)
     t_copy, t_add = timed_round_robin([lambda: b.copy_(a), lambda: b.add_(a)], device, reps)
     return max(8 * n / t_copy, 12 * n / t_add)
@@ -79,42 +86,61 @@ def rand(n, dtype, device):
     return (torch.rand(n, device=device) - 0.5).to(dtype)
 
 
-def case_a(n, device, reps):
-    """Rows: (name, seconds) for plain float32 AdamW."""
-    names = ("torch foreach", "torch fused", "ringzero")
+def deepspeed_cpu_adam():
+    """deepspeed's DeepSpeedCPUAdam class, or None when deepspeed (or its op build) is not available."""
+    try:
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+    except Exception:  # noqa: BLE001 - any import or build failure means: no such row
+        return None
+    return DeepSpeedCPUAdam
+
+
+def case_a(n, device, reps, tensors=None):
+    """Rows: (name, seconds) for plain float32 AdamW; params as 1M-element tensors, or `tensors` equal ones."""
+    names = ["torch foreach", "torch fused", "ringzero"]
+    ds_adam = deepspeed_cpu_adam() if device.type == "cpu" else None
+    if ds_adam is not None:
+        names.insert(2, "deepspeed cpu")
     opts = []
     for name in names:
-        params = [p.requires_grad_() for p in split(n, device, torch.float32, rand)]
+        if tensors:
+            params = [rand(n // tensors + (k < n % tensors), torch.float32, device) for k in range(tensors)]
+        else:
+            params = split(n, device, torch.float32, rand)
+        params = [p.requires_grad_() for p in params]
         for p in params:
             p.grad = rand(p.numel(), torch.float32, device)
         if name == "ringzero":
             opts.append(FusedAdamW(params, **HYPER))
+        elif name == "deepspeed cpu":
+            opts.append(ds_adam(params, adamw_mode=True, **HYPER))
         else:
             opts.append(torch.optim.AdamW(params, foreach=name == "torch foreach", fused=name == "torch fused",
                                           **HYPER))
     return list(zip(names, timed_round_robin([o.step for o in opts], device, reps)))
 
 
-def case_b(n, device, reps):
-    """Rows for the mixed-precision step (flat buffers, as ZeRO holds its shard)."""
+def case_b(n, device, reps, dtype):
+    """Rows for the mixed-precision step (flat buffers, as ZeRO holds its shard): float16 grads with loss
+    scaling, or bfloat16 grads without."""
+    scaled = dtype == torch.float16
     # Our buffers as ZeRO would hold them: ops.flat_buffer skews each so they do not alias modulo 4 KiB.
     master = ops.flat_buffer(n, torch.float32, device, 0).copy_(rand(n, torch.float32, device))
-    param16 = ops.flat_buffer(n, torch.bfloat16, device, 1).copy_(master)
-    grad16 = ops.flat_buffer(n, torch.bfloat16, device, 2).copy_(rand(n, torch.bfloat16, device) * 1024)
+    param16 = ops.flat_buffer(n, dtype, device, 1).copy_(master)
+    grad16 = ops.flat_buffer(n, dtype, device, 2).copy_(rand(n, dtype, device) * (1024 if scaled else 1))
     m, v = ops.flat_buffer(n, torch.float32, device, 3), ops.flat_buffer(n, torch.float32, device, 4)
-    inv_scale = torch.full((1,), 1.0 / 1024, device=device)
+    inv_scale = torch.full((1,), 1.0 / 1024, device=device) if scaled else None
     step = [0]
 
     def ours():
-        found = torch.zeros(1, device=device)
+        found = torch.zeros(1, device=device) if scaled else None
         sumsq = ops.sum_squares([grad16], inv_scale=inv_scale, found_inf=found)
         step[0] += 1
         ops.adam_step_(master, grad16, m, v, lr=HYPER["lr"], beta1=0.9, beta2=0.999, eps=1e-8,
                        weight_decay=HYPER["weight_decay"], step=step[0], inv_scale=inv_scale,
                        clip_coef=ops.clip_coef(sumsq, MAX_NORM), found_inf=found, param_out=param16)
 
-
-    # torch: separate passes; the unscale and clip rewrite the bfloat16 grads in place, so they are
+    # torch: separate passes; the unscale and clip rewrite the 16-bit grads in place, so they are
     # restored from grad16 before each run, untimed.
     tmaster = master.clone().requires_grad_()
     tmaster.grad = torch.empty_like(master)
@@ -122,11 +148,12 @@ def case_b(n, device, reps):
     work16 = grad16.clone()
 
     def theirs():
-        found = torch.zeros(1, device=device)
-        torch._amp_foreach_non_finite_check_and_unscale_([work16], found, inv_scale)  # read + write bf16
+        if scaled:  # GradScaler's unscale_ and inf check (float16: the dtype its CUDA kernel takes)
+            found = torch.zeros(1, device=device)
+            torch._amp_foreach_non_finite_check_and_unscale_([work16], found, inv_scale)  # read + write 2
         torch.nn.utils.clip_grad_norm_([work16], MAX_NORM, foreach=True)  # norm read, scale read + write
         tmaster.grad.copy_(work16)  # cast to float32: read 2, write 4
-        if not found.item():  # GradScaler skips on inf (a host sync)
+        if not scaled or not found.item():  # GradScaler skips on inf (a host sync)
             opt.step()  # 28 B
         param16.copy_(tmaster.detach())  # read 4, write 2
 
@@ -135,10 +162,18 @@ def case_b(n, device, reps):
 
 
 def bytes_per_param(case, name):
-    if case == "a":
+    """Bytes each row moves per parameter (its own passes counted)."""
+    if case.startswith("a"):
         return 28
-    # torch: unscale 2+2, norm 2, clip 2+2, cast 2+4, adam 28 (float32 grad), copy 4+2 = 50
-    return 50 if name.startswith("torch") else 30
+    if not name.startswith("torch"):
+        return 30  # sum of squares 2, adam 28 with a 16-bit grad and param copy (2 + 8 + 16 + 2)
+    # torch: [unscale 2+2], norm 2, clip 2+2, cast 2+4, adam 28 (float32 grad), copy 4+2
+    return 50 if case == "b fp16" else 46
+
+
+def floor_bytes(case):
+    """What the fused step must move per parameter: every operand read once, written once."""
+    return 28 if case.startswith("a") else 30
 
 
 def parse_size(s):
@@ -153,13 +188,14 @@ def main():
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--reps", type=int, default=0, help="timed runs per row (default: by size)")
     ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (default: torch's choice)")
+    ap.add_argument("--out", default="", help="also write the table to this file")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         sys.exit("--device cuda: CUDA is not available here")
-    bw = memory_bandwidth(device, 10)
+    bw_large = memory_bandwidth(device, 10, 1 << 30)  # 1 GiB: no cache holds it
     where = torch.cuda.get_device_name() if device.type == "cuda" else \
         f"CPU, {torch.get_num_threads()} threads, ISA {ringzero._C.adam_isa()}"
     lines = []
@@ -168,29 +204,34 @@ def main():
         print(line, flush=True)
         lines.append(line)
 
-    emit(f"# device: {where}; memory bandwidth {bw / 1e9:.1f} GB/s (best of copy_, add_); torch {torch.__version__}; "
+    emit(f"# device: {where}; memory bandwidth {bw_large / 1e9:.1f} GB/s (best of copy_, add_ over 1 GiB; each size's floor uses the same ops over its own working set); torch {torch.__version__}; "
           f"load average {os.getloadavg()[0]:.1f}")
-    emit(f"{'case':5} {'params':>8} {'impl':16} {'B/param':>7} {'time ms':>9} {'GB/s':>7} {'floor':>6} "
-          f"{'vs torch fused/seq':>18} {'vs foreach':>10}")
+    if device.type == "cpu" and deepspeed_cpu_adam() is None:
+        emit("# deepspeed is not installed here: no DeepSpeedCPUAdam rows")
+    emit(f"{'case':7} {'params':>6} {'impl':15} {'B/param':>7} {'floor ms':>8} {'time ms':>8} {'GB/s':>6} "
+         f"{'floor':>5} {'vs fused/seq':>12} {'vs foreach':>10} {'vs deepspeed':>12}")
     for s in args.sizes.split(","):
         n = parse_size(s)
         reps = args.reps or (20 if n <= (4 << 20) else 8 if n <= (32 << 20) else 4)
-        for case, rows in (("a", case_a(n, device, reps)), ("b", case_b(n, device, reps))):
+        bw = memory_bandwidth(device, 10, 28 * n)
+        cases = (("a", lambda: case_a(n, device, reps)), ("a4", lambda: case_a(n, device, reps, tensors=4)),
+                 ("b fp16", lambda: case_b(n, device, reps, torch.float16)),
+                 ("b bf16", lambda: case_b(n, device, reps, torch.bfloat16)))
+        for case, run in cases:
+            rows = run()
             times = dict(rows)
             base = times.get("torch fused", times.get("torch sequence"))
+            floor = floor_bytes(case) * n / bw  # the fused step's bytes at the measured bandwidth
             for name, t in rows:
                 bpp = bytes_per_param(case, name)
-                gbs = bpp * n / t / 1e9
-                floor = 28 * n / bw if case == "a" else 30 * n / bw  # the fused step's bytes at the measured bandwidth
-                ratio = f"{base / t:.2f}x" if name == "ringzero" else ""
-                fe = f"{times['torch foreach'] / t:.2f}x" if name == "ringzero" and "torch foreach" in times else ""
-                emit(f"{case:5} {s:>8} {name:16} {bpp:7d} {t * 1e3:9.2f} {gbs:7.1f} {floor / t:6.2f} "
-                     f"{ratio:>18} {fe:>10}")
-    if device.type == "cuda":  # GPU tables are kept as files (benchmarks/results/), CPU ones in RESULTS.md
-        out_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
-        os.makedirs(out_dir, exist_ok=True)
-        name = "optim_" + torch.cuda.get_device_name().replace(" ", "_") + ".txt"
-        with open(os.path.join(out_dir, name), "w") as f:
+                ours = name == "ringzero"
+                ratio = lambda other: f"{times[other] / t:.2f}x" if ours and other in times else ""  # noqa: E731
+                emit(f"{case:7} {s:>6} {name:15} {bpp:7d} {floor * 1e3:8.2f} {t * 1e3:8.2f} {bpp * n / t / 1e9:6.1f} "
+                     f"{floor / t:5.2f} {f'{base / t:.2f}x' if ours else '':>12} {ratio('torch foreach'):>10} "
+                     f"{ratio('deepspeed cpu'):>12}")
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
             f.write("\n".join(lines) + "\n")
 
 

@@ -55,3 +55,22 @@ if(RINGZERO_WITH_CUDA AND TARGET ringzero_cuda)
   target_compile_definitions(_C PRIVATE RINGZERO_WITH_CUDA=1)
   target_link_libraries(_C PRIVATE ringzero_cuda)
 endif()
+
+# OpenMP for the CPU Adam step's at::parallel_for. torch's header implements it inline with
+# `#pragma omp parallel` when torch was built with OpenMP; compiled without -fopenmp it silently runs
+# on one thread. The pragma must bind to torch's own OpenMP runtime (the file torch ships), so that
+# torch.set_num_threads() governs our threads too and two thread pools never fight over the cores:
+# link that file, not the compiler's libgomp. Only the one source that calls at::parallel_for is
+# compiled with -fopenmp.
+execute_process(
+  COMMAND "${Python3_EXECUTABLE}" -c "import torch; print(int('OpenMP' in torch.__config__.parallel_info()))"
+  OUTPUT_VARIABLE _torch_openmp OUTPUT_STRIP_TRAILING_WHITESPACE)
+file(GLOB _torch_gomp "${RINGZERO_TORCH_DIR}/lib/libgomp*.so*" "${RINGZERO_TORCH_DIR}/../torch.libs/libgomp*.so*")
+if(_torch_openmp STREQUAL "1" AND _torch_gomp AND CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+  list(GET _torch_gomp 0 _torch_gomp)
+  set_source_files_properties(csrc/torch/adam_bindings.cpp PROPERTIES COMPILE_OPTIONS "-fopenmp")
+  target_link_libraries(_C PRIVATE "${_torch_gomp}")
+  message(STATUS "ringzero: CPU Adam threads through torch's OpenMP runtime (${_torch_gomp})")
+else()
+  message(STATUS "ringzero: torch's OpenMP runtime not found (or not GCC): the CPU Adam step runs on one thread")
+endif()

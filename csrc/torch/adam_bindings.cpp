@@ -61,19 +61,22 @@ const float* scalar_ptr(const std::optional<at::Tensor>& t, const at::Tensor& re
 
 // The step over lists of flat tensors (list entry k: param[k], grad[k], ... of equal numel). CPU:
 // lr/step/inv_scale/clip_coef arrive as numbers (Python reads CPU scalars for free) and found_inf was
-// checked by the caller. CUDA: the *_t tensors, when given, are read on the device.
+// checked by the caller. CUDA: the *_t tensors, when given, are read on the device, and step_ts (empty,
+// or one one-element float32 tensor per entry) gives each entry its own step count; one launch covers
+// up to kAdamTensorsPerLaunch entries.
 void adam_step_list(std::vector<at::Tensor> params, std::vector<at::Tensor> grads, std::vector<at::Tensor> exp_avgs,
                     std::vector<at::Tensor> exp_avg_sqs, std::vector<at::Tensor> max_exp_avg_sqs,
                     std::vector<at::Tensor> param_outs, double lr, double beta1, double beta2, double eps,
                     double weight_decay, double step, bool adamw, bool maximize, double inv_scale, double clip_coef,
                     std::optional<at::Tensor> lr_t, std::optional<at::Tensor> step_t,
                     std::optional<at::Tensor> inv_scale_t, std::optional<at::Tensor> clip_coef_t,
-                    std::optional<at::Tensor> found_inf_t) {
+                    std::optional<at::Tensor> found_inf_t, std::vector<at::Tensor> step_ts) {
   const size_t n = params.size();
   TORCH_CHECK_VALUE(grads.size() == n && exp_avgs.size() == n && exp_avg_sqs.size() == n,
                     "params, grads, exp_avgs and exp_avg_sqs must have the same length");
   TORCH_CHECK_VALUE(max_exp_avg_sqs.empty() || max_exp_avg_sqs.size() == n, "max_exp_avg_sqs: one per param or none");
   TORCH_CHECK_VALUE(param_outs.empty() || param_outs.size() == n, "param_outs: one per param or none");
+  TORCH_CHECK_VALUE(step_ts.empty() || step_ts.size() == n, "step_ts: one per param or none");
   if (n == 0) return;
   std::vector<AdamBuffers> bufs(n);
   std::vector<int64_t> counts(n);
@@ -110,7 +113,7 @@ void adam_step_list(std::vector<at::Tensor> params, std::vector<at::Tensor> grad
     counts[k] = p.numel();
   }
   if (on_cpu) {
-    TORCH_CHECK_VALUE(!lr_t && !step_t && !inv_scale_t && !clip_coef_t && !found_inf_t,
+    TORCH_CHECK_VALUE(!lr_t && !step_t && !inv_scale_t && !clip_coef_t && !found_inf_t && step_ts.empty(),
                       "CPU step: pass lr, step, inv_scale, clip_coef as numbers (found_inf is checked in Python)");
     const AdamCoeffs c = adam_coeffs(lr, beta1, beta2, eps, weight_decay, step, adamw, maximize, inv_scale, clip_coef);
     const std::vector<Chunk> chunks = chunks_of(bufs, counts);
@@ -131,11 +134,13 @@ void adam_step_list(std::vector<at::Tensor> params, std::vector<at::Tensor> grad
   d.found_inf = scalar_ptr(found_inf_t, params[0], "found_inf");
   const AdamHostScalars h{float(lr), float(beta1), float(beta2), float(eps), float(weight_decay), float(step),
                           adamw, maximize, float(inv_scale), float(clip_coef)};
+  std::vector<AdamTensor> tensors(n);
+  for (size_t k = 0; k < n; ++k)
+    tensors[k] = {bufs[k], static_cast<size_t>(counts[k]),
+                  step_ts.empty() ? nullptr : scalar_ptr(step_ts[k], params[0], "step_ts entry")};
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
-  for (size_t k = 0; k < n; ++k) {
-    const cudaError_t err = adam_step_cuda(bufs[k], counts[k], h, d, stream);
-    TORCH_CHECK(err == cudaSuccess, "adam_step_cuda failed: ", cudaGetErrorString(err));
-  }
+  const cudaError_t err = adam_step_multi_cuda(tensors.data(), n, h, d, stream);
+  TORCH_CHECK(err == cudaSuccess, "adam_step_multi_cuda failed: ", cudaGetErrorString(err));
 #else
   TORCH_CHECK_VALUE(false, "params are on ", params[0].device(), " but ringzero was built without CUDA");
 #endif
@@ -179,11 +184,17 @@ void sum_squares_list(at::Tensor out, std::vector<at::Tensor> xs, std::optional<
   const c10::cuda::CUDAGuard guard(out.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
   float* fi = found_inf ? found_inf->data_ptr<float>() : nullptr;
+  std::vector<const void*> ptrs;
+  std::vector<DType> dtypes;
+  std::vector<size_t> counts;
   for (const auto& x : xs) {
-    const cudaError_t err = sum_squares_cuda(x.data_ptr(), float_dtype(x, "tensor"), x.numel(),
-                                             out.data_ptr<float>(), fi, stream);
-    TORCH_CHECK(err == cudaSuccess, "sum_squares_cuda failed: ", cudaGetErrorString(err));
+    ptrs.push_back(x.data_ptr());
+    dtypes.push_back(float_dtype(x, "tensor"));
+    counts.push_back(static_cast<size_t>(x.numel()));
   }
+  const cudaError_t err = sum_squares_multi_cuda(ptrs.data(), dtypes.data(), counts.data(), xs.size(),
+                                                 out.data_ptr<float>(), fi, stream);
+  TORCH_CHECK(err == cudaSuccess, "sum_squares_multi_cuda failed: ", cudaGetErrorString(err));
 #else
   TORCH_CHECK_VALUE(false, "out is on ", out.device(), " but ringzero was built without CUDA");
 #endif
@@ -198,7 +209,7 @@ void bind_adam(py::module& m) {
         py::arg("beta2"), py::arg("eps"), py::arg("weight_decay"), py::arg("step"), py::arg("adamw"),
         py::arg("maximize"), py::arg("inv_scale"), py::arg("clip_coef"), py::arg("lr_t") = py::none(),
         py::arg("step_t") = py::none(), py::arg("inv_scale_t") = py::none(), py::arg("clip_coef_t") = py::none(),
-        py::arg("found_inf_t") = py::none(),
+        py::arg("found_inf_t") = py::none(), py::arg("step_ts") = std::vector<at::Tensor>{},
         "One fused Adam/AdamW step over lists of flat tensors (see ringzero.ops.adam_step_)");
   m.def("sum_squares_list_", &sum_squares_list, py::arg("out"), py::arg("tensors"), py::arg("found_inf") = py::none(),
         "out += sum of squares of the tensors; found_inf = 1 if any element is inf or NaN");

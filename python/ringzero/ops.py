@@ -109,8 +109,10 @@ def adam_step_multi_(params: Sequence[torch.Tensor], grads, exp_avgs, exp_avg_sq
                      weight_decay, step, adamw=True, maximize=False, inv_scale=None, clip_coef=None, found_inf=None,
                      param_outs=None, max_exp_avg_sqs=None):
     """`adam_step_` over lists of tensors (entry k of every list belongs together), in one call: the CPU
-    splits all of them into chunks over its threads; CUDA launches one kernel per entry. Same scalars
-    for every entry (one step count)."""
+    splits all of them into chunks over its threads (torch.get_num_threads()); CUDA covers up to 32
+    entries per kernel launch. Same scalars for every entry, except that on CUDA `step` may also be a
+    list of one-element float32 CUDA tensors, one per entry (each parameter's own step count, as
+    torch's per-parameter optimizer state keeps it)."""
     op = "adam_step_"
     params, grads, exp_avgs, exp_avg_sqs = list(params), list(grads), list(exp_avgs), list(exp_avg_sqs)
     n = len(params)
@@ -143,6 +145,15 @@ def adam_step_multi_(params: Sequence[torch.Tensor], grads, exp_avgs, exp_avg_sq
     eps_v, _ = _scalar(eps, "eps", op, cpu, lo=0.0)
     wd_v, _ = _scalar(weight_decay, "weight_decay", op, cpu, lo=0.0)
     lr_v, lr_t = _scalar(lr, "lr", op, device, lo=0.0)
+    step_ts = []
+    if isinstance(step, (list, tuple)):
+        if device.type != "cuda":
+            raise TypeError(f"ringzero.ops.{op}: a list of steps is for CUDA params; on {device} pass one number "
+                            "(call once per distinct step count)")
+        if len(step) != n or not all(isinstance(s, torch.Tensor) and s.numel() == 1 and s.device == device
+                                     and s.dtype == torch.float32 for s in step):
+            raise ValueError(f"ringzero.ops.{op}: step as a list needs {n} one-element float32 tensors on {device}")
+        step_ts, step = list(step), 1.0
     step_v, step_t = _scalar(step, "step", op, device, lo=1.0)
     inv_v, inv_t = _scalar(1.0 if inv_scale is None else inv_scale, "inv_scale", op, device)
     clip_v, clip_t = _scalar(1.0 if clip_coef is None else clip_coef, "clip_coef", op, device)
@@ -159,7 +170,7 @@ def adam_step_multi_(params: Sequence[torch.Tensor], grads, exp_avgs, exp_avg_sq
             found_t = found_inf if found_inf.dtype == torch.float32 else found_inf.float()
     _C.adam_step_list_(params, grads, exp_avgs, exp_avg_sqs, list(max_exp_avg_sqs or []), list(param_outs or []),
                        lr_v, float(beta1), float(beta2), eps_v, wd_v, step_v, bool(adamw), bool(maximize), inv_v,
-                       clip_v, lr_t, step_t, inv_t, clip_t, found_t)
+                       clip_v, lr_t, step_t, inv_t, clip_t, found_t, step_ts)
 
 
 def sum_squares(tensors: Sequence[torch.Tensor], *, inv_scale=None, found_inf=None) -> torch.Tensor:

@@ -25,6 +25,7 @@ class _Bucket:
     exp_avg_sq: torch.Tensor  # 1D, moment dtype
     max_exp_avg_sq: torch.Tensor | None  # 1D, moment dtype; AMSGrad only
     master: torch.Tensor | None  # 1D float32; master_weights with 16-bit params only
+    steps: torch.Tensor | None  # 1D float32, one step count per param; CUDA only (each state's "step" is a view)
 
 
 class FusedAdam(torch.optim.Optimizer):
@@ -34,8 +35,11 @@ class FusedAdam(torch.optim.Optimizer):
       master_weights  keep float32 masters for bfloat16/float16 params; the 16-bit params are written
                       from the masters in the same pass (state key `master_param`)
       moment_dtype    torch.float32 (default, also for 16-bit params) or torch.bfloat16
-    foreach, fused and capturable are accepted for compatibility and have no effect (the step is always
-    fused); differentiable=True is not supported. Params must be dense, contiguous float32, bfloat16
+    foreach, fused and capturable are accepted for compatibility and have no effect: the step is always
+    fused, and on CUDA always capturable (step counts live on the device, lr may be a one-element CUDA
+    tensor, nothing is read on the host; take one eager step before capturing, which allocates the
+    state). On CUDA each bucket (param group x dtype) steps in one call, 32 params per kernel launch.
+    differentiable=True is not supported. Params must be dense, contiguous float32, bfloat16
     or float16 tensors on CPU or CUDA. `step(grad_scaler=scaler)` (what torch.amp.GradScaler.step
     passes) unscales and skips steps with inf/NaN gradients inside the fused pass.
     """
@@ -87,15 +91,22 @@ class FusedAdam(torch.optim.Optimizer):
             total = sum(p.numel() for p in params)
             with_master = self.master_weights and dtype != torch.float32
             flat = lambda dt, k: ops.flat_buffer(total, dt, device, k)  # noqa: E731
+            # CUDA: the step counts of a bucket sit side by side on the device, so one add_ advances them
+            # all and one launch reads each param's own count (no host sync: capturable in a CUDA graph).
+            steps = torch.zeros(len(params), dtype=torch.float32, device=device) if device.type == "cuda" else None
             b = _Bucket(params, flat(self.moment_dtype, 0), flat(self.moment_dtype, 1),
                         flat(self.moment_dtype, 2) if group["amsgrad"] else None,
-                        flat(torch.float32, 3) if with_master else None)
+                        flat(torch.float32, 3) if with_master else None, steps)
             offset = 0
-            for p in params:
+            for k, p in enumerate(params):
                 n = p.numel()
                 view = lambda t: t[offset:offset + n].view_as(p)  # noqa: E731
                 old = self._loaded_state.pop(p, None) or self.state.get(p, {})
-                state = {"step": self._step_tensor(old.get("step"), device)}
+                step = self._step_tensor(old.get("step"), device)
+                if steps is not None:
+                    steps[k] = step
+                    step = steps[k]
+                state = {"step": step}
                 for key, buf in (("exp_avg", b.exp_avg), ("exp_avg_sq", b.exp_avg_sq),
                                  ("max_exp_avg_sq", b.max_exp_avg_sq), ("master_param", b.master)):
                     if buf is None:
@@ -198,28 +209,44 @@ class FusedAdam(torch.optim.Optimizer):
         beta1, beta2 = group["betas"]
         hyper = dict(lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"],
                      adamw=group["decoupled_weight_decay"], maximize=group["maximize"], inv_scale=inv_scale)
+        if not cpu:
+            self._step_bucket_cuda(group, bucket, live, hyper, found_inf)
+            return
         # Params of a bucket normally share one step count; one that missed steps (no grad) gets its own call.
         by_step: dict = {}
         for p in live:
-            by_step.setdefault(float(self.state[p]["step"]) if cpu else id(p), []).append(p)
-        for step_key, ps in by_step.items():
-            states = [self.state[p] for p in ps]
-            with_master = bucket.master is not None
-            if cpu:
-                step = step_key + 1
+            by_step.setdefault(float(self.state[p]["step"]), []).append(p)
+        for step_count, ps in by_step.items():
+            self._call_kernel(group, bucket, ps, step_count + 1, None, hyper)
+            for p in ps:
+                self.state[p]["step"].add_(1)
+
+    def _step_bucket_cuda(self, group, bucket, live, hyper, found_inf):
+        """The whole bucket in one call (one launch per 32 params), each param with its own device step
+        count; a step skipped on found_inf leaves the counts as they were, without a host sync."""
+        steps = [self.state[p]["step"] for p in live]
+        whole = len(live) == len(bucket.params)
+
+        def advance(delta):
+            if whole:
+                bucket.steps.add_(delta)
             else:
-                states[0]["step"].add_(1)
-                step = states[0]["step"]
-            ops.adam_step_multi_(
-                [s["master_param"] if with_master else p for s, p in zip(states, ps)], [p.grad for p in ps],
-                [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states], step=step,
-                found_inf=None if cpu else found_inf, param_outs=ps if with_master else None,
-                max_exp_avg_sqs=[s["max_exp_avg_sq"] for s in states] if group["amsgrad"] else None, **hyper)
-            if cpu:
-                for s in states:
-                    s["step"].add_(1)
-            elif found_inf is not None:
-                states[0]["step"].sub_(found_inf.reshape(()))
+                for s in steps:
+                    s.add_(delta)
+
+        advance(1)
+        self._call_kernel(group, bucket, live, steps, found_inf, hyper)
+        if found_inf is not None:
+            advance(-found_inf.reshape(()))
+
+    def _call_kernel(self, group, bucket, ps, step, found_inf, hyper):
+        states = [self.state[p] for p in ps]
+        with_master = bucket.master is not None
+        ops.adam_step_multi_(
+            [s["master_param"] if with_master else p for s, p in zip(states, ps)], [p.grad for p in ps],
+            [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states], step=step, found_inf=found_inf,
+            param_outs=ps if with_master else None,
+            max_exp_avg_sqs=[s["max_exp_avg_sq"] for s in states] if group["amsgrad"] else None, **hyper)
 
 
 class FusedAdamW(FusedAdam):
