@@ -135,3 +135,59 @@ def test_sum_squares_matches_float64(dtype):
     xs[2][7] = float("-inf")
     ops.sum_squares(xs, found_inf=found)
     assert found.item() == 1.0
+
+
+@pytest.mark.parametrize("name", ["adamw", "mixed_precision", "moments_bf16"])
+def test_threaded_step_matches_float64_and_is_the_same_for_any_thread_count(name):
+    """The CPU step splits every tensor into 65536-element chunks over torch's threads (OpenMP): the
+    float64 parity holds at 1, 2 and 3 threads, and the results are bitwise the same for all three."""
+    if "OpenMP" not in torch.__config__.parallel_info():
+        pytest.skip("this torch has no OpenMP thread pool (the step runs on one thread)")
+    before = torch.get_num_threads()
+    results = []
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            params, ref, o = run_case(CASES[name])
+            for n, p, r in zip(SIZES, params, ref):
+                err = (p.double() - r.detach()).abs().max().item() if n else 0.0
+                assert err <= o["atol"], f"{name}, {threads} threads: size {n}: error {err:.3g} > {o['atol']}"
+            results.append(params)
+    finally:
+        torch.set_num_threads(before)
+    for threads, params in zip((2, 3), results[1:]):
+        for n, a, b in zip(SIZES, results[0], params):
+            assert torch.equal(a, b), f"{name}: size {n}: {threads} threads differ from one thread"
+
+
+def test_cpu_step_uses_torch_threads():
+    """With two threads set, a large step runs on two OS threads (the extension is built against torch's
+    OpenMP runtime; built without it, at::parallel_for silently runs on the caller's thread)."""
+    if "OpenMP" not in torch.__config__.parallel_info():
+        pytest.skip("this torch has no OpenMP thread pool")
+    import os
+
+    def busy_threads():
+        ticks = {}
+        for tid in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            ticks[tid] = int(fields[11]) + int(fields[12])  # utime + stime
+        return ticks
+
+    before = torch.get_num_threads()
+    n = 1 << 22
+    p, g, m, v = (torch.randn(n) for _ in range(4))
+    v = v.abs()
+    try:
+        torch.set_num_threads(2)
+        kw = dict(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01, step=1)
+        ops.adam_step_(p, g, m, v, **kw)  # starts the pool
+        start = busy_threads()
+        for _ in range(40):
+            ops.adam_step_(p, g, m, v, **kw)
+        end = busy_threads()
+    finally:
+        torch.set_num_threads(before)
+    worked = [tid for tid in end if end[tid] - start.get(tid, 0) >= 5]
+    assert len(worked) >= 2, f"only {len(worked)} thread(s) did the work: {end} vs {start}"
