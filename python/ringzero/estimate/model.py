@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..models.gpt import RECOMPUTE_KINDS
 from .checks import positive_ints
 
 ACTIVATION_FORMULA = ("Korthikanti et al. 2022, 'Reducing Activation Recomputation in Large Transformer "
                       "Models': 34sbh + 5as^2b bytes per layer with 16-bit activations and dropout")
 
 ATTENTION_KINDS = ("eager", "flash")
-RECOMPUTE_KINDS = ("none", "selective", "full")
 
 
 @dataclasses.dataclass(frozen=True)
