@@ -179,6 +179,7 @@ def optimizer_bytes_per_param(precision: Precision, plan: Plan) -> int:
 
 
 WORKING_TERM = "backward through one block (gradients in flight)"
+RECOMPUTE_TERM = "one block recomputed ({})"
 
 
 def _stage_memory(stage: int, layers, params: int, shape, micro, precision: Precision, plan: Plan) -> StageMemory:
@@ -203,10 +204,12 @@ def _stage_memory(stage: int, layers, params: int, shape, micro, precision: Prec
     if z == 2:
         # A bucket's gradients wait unsharded until the bucket is complete, then move to a flat buffer for
         # the reduce-scatter: twice the bucket at the end of a micro-batch's backward, when that
-        # micro-batch's activations (not those of the others in flight) are freed; counted only where
-        # that exceeds what the backward held at its start.
+        # micro-batch's activations (not those of the others in flight) are freed, and so are the buffers
+        # that live only while a block's backward runs (its gradients in flight, its recomputed
+        # activations); counted only where that exceeds what the backward held before.
         bucket_end = 2 * min(plan.bucket_bytes, params * precision.grad_bytes)
-        freed = (st.activation_bytes or 0) // _in_flight(plan, stage) + st.transient_terms.get(WORKING_TERM, 0)
+        freed = (st.activation_bytes or 0) // _in_flight(plan, stage) + st.transient_terms.get(WORKING_TERM, 0) + \
+            st.transient_terms.get(RECOMPUTE_TERM.format(plan.recompute), 0)
         st.transient_terms["ZeRO-2 bucket at the end of a backward, beyond the activations freed"] = max(
             0, bucket_end - freed)
     st.transient_bytes = sum(st.transient_terms.values())
@@ -235,7 +238,7 @@ def _add_activations(st: StageMemory, stage: int, layers: int, shape, micro: int
     if layers:
         st.transient_terms[WORKING_TERM] = shape.backward_working_bytes(micro, e)
     if plan.recompute != "none" and layers:
-        st.transient_terms[f"one block recomputed ({plan.recompute})"] = shape.layer_recompute_peak_bytes(
+        st.transient_terms[RECOMPUTE_TERM.format(plan.recompute)] = shape.layer_recompute_peak_bytes(
             micro, e, plan.recompute)
 
 
