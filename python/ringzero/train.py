@@ -42,6 +42,8 @@ def parse_args(argv=None):
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--d-model", type=int, default=256)
     p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--recompute", default="none", help="activation recomputation: none, selective (the attention "
+                   "core between qkv and proj), full (each transformer block from its input); default none")
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--clip", type=float, default=1.0, help="global gradient-norm clip (0: off)")
     p.add_argument("--seed", type=int, default=0)
@@ -71,14 +73,16 @@ def parse_args(argv=None):
         p.error("--save-every and --resume need --checkpoint-dir")
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA device is available")
-    from .trainer import check_run, check_schedule
+    from .trainer import check_recompute, check_run, check_schedule
     from .trainer.device import precision_of
 
     try:  # everything a rank would refuse, refused here, before any rank is spawned
         check_schedule(args.schedule)
+        check_recompute(args.recompute)
         precision = precision_of(args.precision, args.device)
         for s in args.strategies:
-            check_run(s, args.nproc, args.pp, args.batch, args.microbatches, args.layers, args.schedule, precision)
+            check_run(s, args.nproc, args.pp, args.batch, args.microbatches, args.layers, args.schedule, precision,
+                      args.recompute)
     except ValueError as e:
         p.error(str(e))
     if args.resume or args.save_every:

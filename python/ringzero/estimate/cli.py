@@ -18,6 +18,8 @@ EXAMPLES = """examples:
   ringzero estimate --layers 48 --hidden 1600 --heads 25 --vocab 50257 --seq 1024 --tied --batch 32
   ringzero estimate --ringzero-gpt --batch 16 --strategy zero2 --world 2
   ringzero estimate --params 70B --dtype bfloat16 --strategy zero3 --cluster 64xH100
+  ringzero estimate --layers 96 --hidden 12288 --heads 96 --vocab 51200 --seq 2048 --dtype bfloat16 \\
+      --strategy pp --world 64 --pp 8 --tp 8 --sequence-parallel --recompute selective --batch 1 --microbatches 1
   ringzero estimate --layers 32 --hidden 4096 --heads 32 --vocab 32000 --seq 4096 --dtype bfloat16 \\
       --strategy pp+zero1 --pp 4 --microbatches 8 --batch 256 --recompute selective --cluster 32xH100
 """
@@ -71,6 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--strategy", default="ddp",
                    help=f"one or more, comma-separated, or 'all': {', '.join(STRATEGIES)}")
     s.add_argument("--pp", type=int, default=None, help="pipeline stages for the pp strategies (default 2)")
+    s.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (Megatron's split of heads, MLP and "
+                   "vocabulary; default 1); pp x tp must divide --world")
+    s.add_argument("--sequence-parallel", action="store_true",
+                   help="Megatron's sequence parallelism over the --tp ranks (norms and dropouts on s/tp tokens)")
     s.add_argument("--microbatches", type=int, default=None,
                    help="micro-batches per step (default: pp for pipelines, else 1)")
     s.add_argument("--schedule", choices=SCHEDULES, default="1f1b")
@@ -152,7 +158,8 @@ def _plans(args, world: int) -> list[Plan]:
     for name in names:
         pp = (args.pp if args.pp is not None else 2) if name.startswith("pp") else 1
         m = args.microbatches if args.microbatches is not None else pp
-        plans.append(Plan(strategy=name, world=world, pp=pp, microbatches=m, schedule=args.schedule,
+        plans.append(Plan(strategy=name, world=world, pp=pp, tp=args.tp, sequence_parallel=args.sequence_parallel,
+                          microbatches=m, schedule=args.schedule,
                           recompute=args.recompute, bucket_bytes=max(1, int(args.bucket_mb * 2**20))))
     if args.pp is not None and args.pp > 1 and not any(n.startswith("pp") for n in names):
         raise ValueError(f"--pp {args.pp} needs a pipeline strategy (pp, pp+zero1, pp+zero2)")

@@ -10,6 +10,7 @@ import math
 from .model import ACTIVATION_FORMULA, ModelShape, split_layers
 from .network import Cluster, GroupShape, collective_times, group_shape, sent_per_rank
 from .plan import Plan, Precision
+from .tensor_parallel import tensor_parallel_rows
 
 
 @dataclasses.dataclass
@@ -51,7 +52,8 @@ class Collective:
     op: str
     """all_reduce, reduce_scatter, all_gather or send_recv."""
     group: str
-    """'dp' (the data-parallel ranks of a stage) or 'pp' (neighbouring stages)."""
+    """'dp' (the data-parallel ranks of a stage), 'pp' (neighbouring stages) or 'tp' (the tensor-parallel
+    ranks of a replica)."""
     group_size: int
     nbytes: int
     """Buffer bytes per step summed over calls (nccl-tests' size convention)."""
@@ -127,11 +129,12 @@ def _shard(count: int, ways: int) -> int:
 
 
 def _stage_params(shape: ModelShape | None, n_params: int, plan: Plan) -> tuple[list, list]:
-    """(blocks per stage or Nones, parameters per stage). The embedding sits on the first stage and the
-    head on the last; a tied table is held by both when they differ (as Megatron does)."""
-    pp = plan.pp
+    """(blocks per stage or Nones, parameters per stage and tensor-parallel rank). The embedding sits on
+    the first stage and the head on the last; a tied table is held by both when they differ (as Megatron
+    does). A bare parameter count is divided evenly over stages and tensor-parallel ranks."""
+    pp, tp = plan.pp, plan.tp
     if shape is None:
-        return [None] * pp, [_shard(n_params, pp)] * pp
+        return [None] * pp, [_shard(n_params, pp * tp)] * pp
     if plan.layers_per_stage is None:
         layers = split_layers(shape.n_layer, pp)
     else:
@@ -139,11 +142,11 @@ def _stage_params(shape: ModelShape | None, n_params: int, plan: Plan) -> tuple[
         if sum(layers) != shape.n_layer:
             raise ValueError(f"layers_per_stage={plan.layers_per_stage} places {sum(layers)} blocks; the model has "
                              f"{shape.n_layer}")
-    params = [n * shape.layer_params() for n in layers]
-    params[0] += shape.embedding_params()
-    params[-1] += shape.head_params()
+    params = [n * shape.layer_params(tp) for n in layers]
+    params[0] += shape.embedding_params(tp)
+    params[-1] += shape.head_params(tp)
     if shape.tied_embeddings and pp > 1:
-        params[-1] += shape.vocab_size * shape.d_model
+        params[-1] += shape.vocab_rows(tp) * shape.d_model
     return layers, params
 
 
@@ -179,6 +182,7 @@ def optimizer_bytes_per_param(precision: Precision, plan: Plan) -> int:
 
 
 WORKING_TERM = "backward through one block (gradients in flight)"
+RECOMPUTE_TERM = "one block recomputed ({})"
 
 
 def _stage_memory(stage: int, layers, params: int, shape, micro, precision: Precision, plan: Plan) -> StageMemory:
@@ -195,7 +199,7 @@ def _stage_memory(stage: int, layers, params: int, shape, micro, precision: Prec
         # micro-batches reuse the buffer, it is a copy, held across the step. The paper leaves it out.
         st.transient_terms["ZeRO-1 float32 gradient of the master shard"] = _shard(params, dp) * 4
     if z >= 3 and shape is not None:
-        unit = max(shape.layer_params(), shape.embedding_params(), shape.head_params())
+        unit = max(shape.layer_params(plan.tp), shape.embedding_params(plan.tp), shape.head_params(plan.tp))
         st.transient_terms["ZeRO-3 gathered units (the one in use and the prefetched next)"] = (
             2 * unit * precision.param_bytes)
     if shape is not None and micro is not None:
@@ -203,10 +207,12 @@ def _stage_memory(stage: int, layers, params: int, shape, micro, precision: Prec
     if z == 2:
         # A bucket's gradients wait unsharded until the bucket is complete, then move to a flat buffer for
         # the reduce-scatter: twice the bucket at the end of a micro-batch's backward, when that
-        # micro-batch's activations (not those of the others in flight) are freed; counted only where
-        # that exceeds what the backward held at its start.
+        # micro-batch's activations (not those of the others in flight) are freed, and so are the buffers
+        # that live only while a block's backward runs (its gradients in flight, its recomputed
+        # activations); counted only where that exceeds what the backward held before.
         bucket_end = 2 * min(plan.bucket_bytes, params * precision.grad_bytes)
-        freed = (st.activation_bytes or 0) // _in_flight(plan, stage) + st.transient_terms.get(WORKING_TERM, 0)
+        freed = (st.activation_bytes or 0) // _in_flight(plan, stage) + st.transient_terms.get(WORKING_TERM, 0) + \
+            st.transient_terms.get(RECOMPUTE_TERM.format(plan.recompute), 0)
         st.transient_terms["ZeRO-2 bucket at the end of a backward, beyond the activations freed"] = max(
             0, bucket_end - freed)
     st.transient_bytes = sum(st.transient_terms.values())
@@ -217,29 +223,36 @@ def _add_activations(st: StageMemory, stage: int, layers: int, shape, micro: int
                      plan: Plan):
     """Activations kept for backward, and the buffers that live beside them at backward's start."""
     e, flight, last = precision.act_bytes, _in_flight(plan, stage), plan.pp - 1
+    tp, sp = plan.tp, plan.sequence_parallel
     terms = {f"{layers} blocks x {flight} micro-batches": layers * flight * shape.layer_activation_bytes(
-        micro, e, plan.recompute)}
+        micro, e, plan.recompute, tp, sp)}
     if stage == 0:
-        terms["embedding"] = flight * shape.embedding_activation_bytes(micro)
+        terms["embedding"] = flight * shape.embedding_activation_bytes(micro, tp, sp)
     if stage == last:
-        terms["final norm, head and loss (float32 logits)"] = flight * shape.head_activation_bytes(micro, e)
+        terms["final norm, head and loss (float32 logits)"] = flight * shape.head_activation_bytes(micro, e, tp, sp)
     st.activation_terms, st.activation_bytes = terms, sum(terms.values())
     if plan.pp > 1:
         # ringzero's pipeline runtime waits for its sends at the end of the step: every message sent in
         # the step (a micro-batch's stage output forward, its input gradient backward) stays allocated.
-        message = micro * shape.seq_len * shape.d_model * e
+        message = _stage_message_bytes(shape, micro, e, plan)
         if stage < last:
             st.transient_terms["stage outputs sent forward, until the step's sends complete"] = plan.microbatches * message
         if stage > 0:
             st.transient_terms["input gradients sent back, until the step's sends complete"] = plan.microbatches * message
     if layers:
-        st.transient_terms[WORKING_TERM] = shape.backward_working_bytes(micro, e)
+        st.transient_terms[WORKING_TERM] = shape.backward_working_bytes(micro, e, tp, sp)
     if plan.recompute != "none" and layers:
-        st.transient_terms[f"one block recomputed ({plan.recompute})"] = shape.layer_recompute_peak_bytes(
-            micro, e, plan.recompute)
+        st.transient_terms[RECOMPUTE_TERM.format(plan.recompute)] = shape.layer_recompute_peak_bytes(
+            micro, e, plan.recompute, tp, sp)
 
 
-def _collectives(shape, stage_params, micro, precision: Precision, plan: Plan) -> tuple[list, list]:
+def _stage_message_bytes(shape, micro: int, act_bytes: int, plan: Plan) -> int:
+    """One micro-batch's activations between pipeline stages, per rank: its sequence shard with sequence
+    parallelism (as Megatron sends them), else the whole sbh tensor."""
+    return micro * shape.seq_len * shape.d_model * act_bytes // (plan.tp if plan.sequence_parallel else 1)
+
+
+def _collectives(shape, layers, stage_params, micro, precision: Precision, plan: Plan) -> tuple[list, list]:
     """Per-step communication of the fullest stage as (collective, op, group, nbytes, calls) rows."""
     notes, rows = [], []
     params, m, z = max(stage_params), plan.microbatches, plan.zero_stage
@@ -266,10 +279,12 @@ def _collectives(shape, stage_params, micro, precision: Precision, plan: Plan) -
         if shape is None or micro is None:
             notes.append("pipeline activations between stages not counted (give the model shape and --batch)")
         else:
-            per_message = micro * shape.seq_len * shape.d_model * precision.act_bytes
+            per_message = _stage_message_bytes(shape, micro, precision.act_bytes, plan)
             # A middle stage sends each micro-batch's activations forward and its gradient backward.
             rows.append(("activations and their gradients between stages", "send_recv", "pp", 2 * m * per_message,
                          2 * m))
+    if plan.tp > 1:
+        rows += tensor_parallel_rows(shape, layers, micro, precision.act_bytes, plan, notes)
     return rows, notes
 
 
@@ -290,12 +305,14 @@ def estimate(model, batch: int | None = None, precision: Precision | None = None
     if shape is None and plan.pp > 1 and n_params < plan.pp:
         raise ValueError(f"--params {n_params} cannot be split over pp={plan.pp} stages")
     micro = _micro_batch(batch, plan)
+    if shape is not None:
+        shape.check_tp(plan.tp)
     layers, stage_params = _stage_params(shape, n_params, plan)
     stages = [_stage_memory(i, layers[i], stage_params[i], shape, micro, precision, plan) for i in range(plan.pp)]
-    rows, notes = _collectives(shape, stage_params, micro, precision, plan)
+    rows, notes = _collectives(shape, layers, stage_params, micro, precision, plan)
     collectives = []
     for what, op, group, nbytes, calls in rows:
-        size = plan.dp if group == "dp" else plan.pp
+        size = {"dp": plan.dp, "pp": plan.pp, "tp": plan.tp}[group]
         c = Collective(what, op, group, size, nbytes, calls, sent_per_rank(op, nbytes, size))
         if cluster is not None:
             c.times_s = {algo: calls * t for algo, t in
@@ -309,15 +326,20 @@ def estimate(model, batch: int | None = None, precision: Precision | None = None
 
 
 def _worst_group(group: str, plan: Plan, cluster: Cluster) -> GroupShape:
-    """The group spanning the most nodes (ranks are pipeline-major: rank = stage * dp + dp_index)."""
+    """The group spanning the most nodes (ranks pipeline-major, tensor innermost:
+    rank = (stage * dp + dp_index) * tp + tp_index)."""
     g = cluster.gpus_per_node
     if plan.world > g and plan.world % g:
         raise ValueError(f"world={plan.world} does not fill whole {g}-GPU nodes; use a multiple of {g} "
                          f"or set --gpus-per-node")
+    pp, dp, tp = plan.pp, plan.dp, plan.tp
+    rank = lambda s, d, t: (s * dp + d) * tp + t  # noqa: E731
     if group == "dp":
-        groups = [[s * plan.dp + d for d in range(plan.dp)] for s in range(plan.pp)]
+        groups = [[rank(s, d, t) for d in range(dp)] for s in range(pp) for t in range(tp)]
+    elif group == "tp":
+        groups = [[rank(s, d, t) for t in range(tp)] for s in range(pp) for d in range(dp)]
     else:  # neighbouring stages: a point-to-point pair crossing a node boundary is the slow one
-        groups = [[s * plan.dp + d, (s + 1) * plan.dp + d] for s in range(plan.pp - 1) for d in range(plan.dp)]
+        groups = [[rank(s, d, t), rank(s + 1, d, t)] for s in range(pp - 1) for d in range(dp) for t in range(tp)]
     return max((group_shape(r, g) for r in groups), key=lambda gs: (gs.nodes, -gs.local))
 
 

@@ -5,18 +5,24 @@ Notation as in the paper: s sequence length, b micro-batch (sequences), h hidden
 V vocabulary; e is the bytes of one activation element (2 in the paper, which also counts 1-byte dropout
 masks). Per-row statistics (layer-norm mean and rstd, attention logsumexp: sizes sb and asb) are left
 out, as in the paper.
+
+Tensor parallelism (t ranks, Megatron's scheme; every method takes tp=t and sequence_parallel) splits
+the attention heads and the MLP's hidden units: qkv and fc by output columns, proj and out by input
+rows; their weights, the column-split biases and the vocabulary (token table, output projection) are
+divided by t; layer norms, the row-split layers' biases and the positions stay whole on every rank.
+See layer_activation_bytes for what t and sequence parallelism do to the activations.
 """
 from __future__ import annotations
 
 import dataclasses
 
+from ..models.gpt import RECOMPUTE_KINDS
 from .checks import positive_ints
 
 ACTIVATION_FORMULA = ("Korthikanti et al. 2022, 'Reducing Activation Recomputation in Large Transformer "
                       "Models': 34sbh + 5as^2b bytes per layer with 16-bit activations and dropout")
 
 ATTENTION_KINDS = ("eager", "flash")
-RECOMPUTE_KINDS = ("none", "selective", "full")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,75 +66,114 @@ class ModelShape:
                    seq_len=cfg.seq_len, mlp_ratio=cfg.mlp_ratio, tied_embeddings=False, dropout=False,
                    attention="flash")
 
-    # ---- parameters -------------------------------------------------------------------------------------
-    def embedding_params(self) -> int:
-        """Token table V*h plus learned positions s*h."""
-        return (self.vocab_size + self.seq_len) * self.d_model
+    def check_tp(self, tp: int) -> int:
+        """tp if this model splits over tp tensor-parallel ranks (whole heads and MLP units per rank)."""
+        if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+            raise ValueError(f"tp must be a positive int, got {tp!r}")
+        if self.n_head % tp or (self.mlp_ratio * self.d_model) % tp:
+            raise ValueError(f"tp={tp} must divide the heads ({self.n_head}) and the MLP width "
+                             f"({self.mlp_ratio * self.d_model}); choose tp among the divisors of {self.n_head}")
+        return tp
 
-    def layer_params(self) -> int:
-        """One block: qkv (3h^2+3h), proj (h^2+h), fc (rh^2+rh), out (rh^2+h), two norms (4h)."""
+    # ---- parameters (per tensor-parallel rank) ------------------------------------------------------------
+    def vocab_rows(self, tp: int = 1) -> int:
+        """Rows of the token table (and untied head) a rank holds: V/t, rounded up (Megatron pads the
+        vocabulary to a multiple of t)."""
+        return -(-self.vocab_size // tp)
+
+    def embedding_params(self, tp: int = 1) -> int:
+        """Token table V*h (vocabulary-parallel: V/t rows per rank) plus learned positions s*h (whole)."""
+        return (self.vocab_rows(tp) + self.seq_len) * self.d_model
+
+    def layer_params(self, tp: int = 1) -> int:
+        """One block: qkv (3h^2+3h), proj (h^2+h), fc (rh^2+rh), out (rh^2+h), two norms (4h). Over t
+        ranks: the four weight matrices and the qkv and fc biases are split, the proj and out biases and
+        the norms (6h) are not."""
         h, r = self.d_model, self.mlp_ratio
-        return (4 + 2 * r) * h * h + (9 + r) * h
+        return ((4 + 2 * r) * h * h + (3 + r) * h) // self.check_tp(tp) + 6 * h
 
-    def head_params(self) -> int:
-        """Final norm (2h) and, unless tied, the V*h projection."""
-        return 2 * self.d_model + (0 if self.tied_embeddings else self.vocab_size * self.d_model)
+    def head_params(self, tp: int = 1) -> int:
+        """Final norm (2h, whole) and, unless tied, the V*h projection (vocabulary-parallel)."""
+        return 2 * self.d_model + (0 if self.tied_embeddings else self.vocab_rows(tp) * self.d_model)
 
     def n_params(self) -> int:
         """Every distinct parameter once (a tied table counts once)."""
         return self.embedding_params() + self.n_layer * self.layer_params() + self.head_params()
 
     # ---- activations (bytes kept for backward) --------------------------------------------------------
-    def layer_activation_bytes(self, micro_batch: int, act_bytes: int, recompute: str = "none") -> int:
-        """Bytes one block keeps for its backward, for `micro_batch` sequences of seq_len tokens.
+    def layer_activation_bytes(self, micro_batch: int, act_bytes: int, recompute: str = "none", tp: int = 1,
+                               sequence_parallel: bool = False) -> int:
+        """Bytes one block keeps for its backward on one of tp ranks, for `micro_batch` sequences.
 
-        Paper terms (e = act_bytes, r = mlp_ratio, masks 1 byte):
+        Paper terms (e = act_bytes, r = mlp_ratio, masks 1 byte), one rank without parallelism:
           attention: e(sbh qkv input + 2sbh Q,K + sbh V + sbh proj input) + as^2b e softmax
                      + as^2b e softmax-dropout output + as^2b mask + sbh mask
           MLP:       e(sbh fc input + rsbh GeLU input + rsbh GeLU output) + sbh mask
-          norms:     2e sbh
+          norms:     2e sbh (the inputs of the two layer norms)
         which for e=2, r=4 is 34sbh + 5as^2b. 'selective' recomputes the s^2 terms (34sbh), 'full'
         keeps only the block input (e sbh); flash attention never stores the s^2 terms.
+
+        Over t tensor-parallel ranks (Korthikanti et al. 2022, section 4.2 and Table 2), derived term by
+        term: a rank computes a/t heads and rh/t MLP units, so Q, K, V, the proj input, the GeLU input
+        and output and the s^2 terms are 1/t each: (4 + 2r)e sbh/t + 5as^2b/t. The tensors before the
+        column-split layers and after the row-split ones are whole on every rank: the two norm inputs,
+        the qkv and fc inputs (4e sbh) and the two dropout masks (2sbh). With e=2, r=4 that is
+        sbh(10 + 24/t + 5as/(ht)). Sequence parallelism splits exactly those whole tensors along the
+        sequence (the norms and dropouts run on s/t tokens; the qkv and fc inputs are stored as the
+        rank's s/t shard and all-gathered again in backward), so every term is 1/t: sbh/t (34 + 5as/h).
+        Selective recomputation removes the s^2 terms from either: sbh(10 + 24/t), or 34sbh/t with
+        sequence parallelism. Full recomputation keeps the block input, e sbh (the paper's 2sbh); with
+        sequence parallelism that input is the rank's sequence shard, e sbh/t.
         """
         if recompute not in RECOMPUTE_KINDS:
             raise ValueError(f"recompute={recompute!r}: use one of {RECOMPUTE_KINDS}")
+        t = self.check_tp(tp)
+        shard = t if sequence_parallel else 1  # the divisor of what tensor parallelism leaves whole
         s, b, h, a, r, e = self.seq_len, micro_batch, self.d_model, self.n_head, self.mlp_ratio, act_bytes
         sbh, as2b = s * b * h, a * s * s * b
         if recompute == "full":
-            return e * sbh
-        total = e * (8 + 2 * r) * sbh
-        if self.dropout:
-            total += 2 * sbh  # residual masks after attention and after the MLP
+            return e * sbh // shard
+        whole = 4 * e * sbh + (2 * sbh if self.dropout else 0)  # norm inputs, qkv and fc inputs, residual masks
+        split = (4 + 2 * r) * e * sbh  # Q, K, V, proj input, GeLU input and output
         if self.attention == "eager" and recompute == "none":
-            total += e * as2b  # softmax output
+            split += e * as2b  # softmax output
             if self.dropout:
-                total += e * as2b + as2b  # dropout output feeding the value matmul, and its mask
-        return total
+                split += e * as2b + as2b  # dropout output feeding the value matmul, and its mask
+        return whole // shard + split // t
 
-    def layer_recompute_peak_bytes(self, micro_batch: int, act_bytes: int, recompute: str) -> int:
+    def layer_recompute_peak_bytes(self, micro_batch: int, act_bytes: int, recompute: str, tp: int = 1,
+                                   sequence_parallel: bool = False) -> int:
         """Extra bytes live while one block is recomputed in backward: with 'full', the whole block's
         activations (without recomputation) for one micro-batch; with 'selective', its s^2 terms."""
         if recompute == "none":
             return 0
-        whole = self.layer_activation_bytes(micro_batch, act_bytes, "none")
-        return whole - self.layer_activation_bytes(micro_batch, act_bytes, recompute)
+        kept = [self.layer_activation_bytes(micro_batch, act_bytes, k, tp, sequence_parallel)
+                for k in ("none", recompute)]
+        return kept[0] - kept[1]
 
-    def backward_working_bytes(self, micro_batch: int, act_bytes: int) -> int:
+    def backward_working_bytes(self, micro_batch: int, act_bytes: int, tp: int = 1,
+                               sequence_parallel: bool = False) -> int:
         """Gradients in flight while backward goes through one block, beyond the activations it frees:
-        the MLP hidden layer's (r sbh) and the block's input and output gradients (2 sbh), e bytes each.
-        Measured with ringzero.memory on ringzero's GPT block: 5 to 6 sbh elements for r = 4."""
-        return (self.mlp_ratio + 2) * self.seq_len * micro_batch * self.d_model * act_bytes
+        the MLP hidden layer's (r sbh, split over tp) and the block's input and output gradients (2 sbh,
+        sequence shards with sequence parallelism), e bytes each. Measured with ringzero.memory on
+        ringzero's GPT block (tp=1): 5 to 6 sbh elements for r = 4."""
+        sbh_e = self.seq_len * micro_batch * self.d_model * act_bytes
+        return self.mlp_ratio * sbh_e // self.check_tp(tp) + 2 * sbh_e // (tp if sequence_parallel else 1)
 
-    def embedding_activation_bytes(self, micro_batch: int) -> int:
-        """Token ids (int64) the embedding keeps, plus the paper's 1-byte embedding-dropout mask."""
+    def embedding_activation_bytes(self, micro_batch: int, tp: int = 1, sequence_parallel: bool = False) -> int:
+        """Token ids (int64) the embedding keeps, plus the paper's 1-byte embedding-dropout mask (a
+        sequence shard with sequence parallelism)."""
         sb = self.seq_len * micro_batch
-        return 8 * sb + (sb * self.d_model if self.dropout else 0)
+        return 8 * sb + (sb * self.d_model // (tp if sequence_parallel else 1) if self.dropout else 0)
 
-    def head_activation_bytes(self, micro_batch: int, act_bytes: int) -> int:
-        """Final-norm input and projection input (e sbh each) and the float32 log-softmax of the
-        logits kept by cross-entropy (4sbV, as the paper counts it)."""
+    def head_activation_bytes(self, micro_batch: int, act_bytes: int, tp: int = 1,
+                              sequence_parallel: bool = False) -> int:
+        """Final-norm input and projection input (e sbh each; sequence shards with sequence parallelism)
+        and the float32 log-softmax of the logits kept by cross-entropy (4sbV, as the paper counts it;
+        vocabulary-parallel: 4sbV/t)."""
         sb = self.seq_len * micro_batch
-        return 2 * act_bytes * sb * self.d_model + 4 * sb * self.vocab_size
+        return (2 * act_bytes * sb * self.d_model // (tp if sequence_parallel else 1)
+                + 4 * sb * self.vocab_rows(tp))
 
     def describe(self) -> str:
         tied = ", tied embeddings" if self.tied_embeddings else ""

@@ -1,5 +1,6 @@
 """What is being estimated, apart from the model: the number formats (Precision) and the parallel
-layout (Plan: data parallel with DDP or ZeRO 1/2/3, pipeline stages, micro-batches, recomputation).
+layout (Plan: data parallel with DDP or ZeRO 1/2/3, pipeline stages, tensor and sequence parallelism,
+micro-batches, recomputation).
 """
 from __future__ import annotations
 
@@ -86,8 +87,9 @@ class Precision:
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """How the world is used: pp pipeline stages times world/pp data-parallel ranks per stage (ranks
-    pipeline-major as in ringzero.parallel.Mesh: a stage's data-parallel ranks are neighbours)."""
+    """How the world is used: pp pipeline stages times dp = world/(pp*tp) data-parallel replicas per
+    stage times tp tensor-parallel ranks per replica (ranks pipeline-major, tensor innermost, as in
+    ringzero.parallel.Mesh: a replica's tensor-parallel ranks are neighbours)."""
 
     strategy: str = "ddp"
     """One of STRATEGIES: ddp, zero1, zero2, zero3 (data parallel only), pp, pp+zero1, pp+zero2."""
@@ -95,6 +97,12 @@ class Plan:
     """All ranks (GPUs)."""
     pp: int = 1
     """Pipeline stages; must divide world. Strategies without 'pp' need pp=1."""
+    tp: int = 1
+    """Tensor-parallel ranks (Megatron: heads, MLP units and vocabulary split over them); pp * tp must
+    divide world. ZeRO then shards each rank's part over the dp ranks holding the same part."""
+    sequence_parallel: bool = False
+    """Megatron's sequence parallelism over the tp ranks (Korthikanti et al. 2022): the layer norms and
+    dropouts run on s/tp tokens, and the all-reduces become reduce-scatters and all-gathers. Needs tp > 1."""
     microbatches: int = 1
     """Micro-batches per step and data-parallel rank (the pipeline's m; gradient accumulation steps)."""
     schedule: str = "1f1b"
@@ -108,7 +116,11 @@ class Plan:
     the extra). ringzero's split(by='params') may place them otherwise; pass its counts to compare."""
 
     def __post_init__(self):
-        Layout(self.strategy, self.world, self.pp)  # the rules shared with `ringzero train`
+        Layout(self.strategy, self.world, self.pp, self.tp)  # the rules shared with `ringzero train`
+        if not isinstance(self.sequence_parallel, bool):
+            raise ValueError(f"sequence_parallel must be True or False, got {self.sequence_parallel!r}")
+        if self.sequence_parallel and self.tp == 1:
+            raise ValueError("sequence_parallel splits the sequence over the tensor-parallel ranks: it needs tp > 1")
         positive_ints("", microbatches=self.microbatches, bucket_bytes=self.bucket_bytes)
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule={self.schedule!r}: use one of {SCHEDULES}")
@@ -122,16 +134,18 @@ class Plan:
 
     @property
     def dp(self) -> int:
-        """Data-parallel ranks per pipeline stage."""
-        return self.world // self.pp
+        """Data-parallel replicas per pipeline stage."""
+        return Layout(self.strategy, self.world, self.pp, self.tp).dp
 
     @property
     def zero_stage(self) -> int:
         """0 for DDP and plain pipeline, else the ZeRO stage: 1 shards optimizer state, 2 also
         gradients, 3 also parameters, each over the dp ranks of a stage."""
-        return Layout(self.strategy, self.world, self.pp).zero_stage
+        return Layout(self.strategy, self.world, self.pp, self.tp).zero_stage
 
     def describe(self) -> str:
         pipe = (f", {self.pp} stages x {self.dp} data-parallel, {self.microbatches} micro-batches, "
                 f"{self.schedule}" if self.pp > 1 else f", {self.dp} data-parallel ranks")
-        return f"{self.strategy}{pipe}, recompute {self.recompute}"
+        tensor = (f", {self.tp} tensor-parallel{' with sequence parallelism' if self.sequence_parallel else ''}"
+                  if self.tp > 1 else "")
+        return f"{self.strategy}{pipe}{tensor}, recompute {self.recompute}"

@@ -54,7 +54,7 @@ def memory_lines(est: Estimate) -> list[str]:
         lines.append(f"    formula: {est.activation_formula}")
         lines.append(f"    applied with: attention {est.model.attention}, dropout "
                      f"{'on' if est.model.dropout else 'off'}, {prec.act_bytes}-byte activations, "
-                     f"recompute {plan.recompute}")
+                     f"recompute {plan.recompute}" + _tensor_note(plan))
     for name, b in st.transient_terms.items():
         lines.append(f"  {'transient: ' + name:<{width}}{fmt_bytes(b):>11}")
     lines.append(f"  {'total':<{width}}{fmt_bytes(st.total_bytes):>11}")
@@ -108,14 +108,23 @@ def full_report(est: Estimate) -> str:
     return "\n\n".join("\n".join(p) for p in parts if p)
 
 
+def _tensor_note(plan) -> str:
+    """How tensor (and sequence) parallelism entered the activation formula, for the report."""
+    if plan.tp == 1:
+        return ""
+    form = "sbh/t (34 + 5as/h)" if plan.sequence_parallel else "sbh(10 + 24/t + 5as/(ht))"
+    sp = " with sequence parallelism" if plan.sequence_parallel else ""
+    return f", tensor parallel t={plan.tp}{sp} (the paper's Table 2: {form} at 16 bits with dropout)"
+
+
 def summary_table(estimates: list[Estimate]) -> str:
     """One row per strategy: the memory terms of its fullest stage, traffic and time per step."""
-    head = (f"{'strategy':<10} {'pp':>3} {'dp':>4} {'params':>10} {'grads':>10} {'optim':>10} {'activ':>10} "
+    head = (f"{'strategy':<10} {'pp':>3} {'tp':>3} {'dp':>4} {'params':>10} {'grads':>10} {'optim':>10} {'activ':>10} "
             f"{'transient':>10} {'total':>10} {'sent/rank':>10} {'comm time':>10}")
     rows = [head]
     for e in estimates:
         st = e.peak
-        rows.append(f"{e.plan.strategy:<10} {e.plan.pp:>3} {e.plan.dp:>4} {fmt_bytes(st.param_bytes):>10} "
+        rows.append(f"{e.plan.strategy:<10} {e.plan.pp:>3} {e.plan.tp:>3} {e.plan.dp:>4} {fmt_bytes(st.param_bytes):>10} "
                     f"{fmt_bytes(st.grad_bytes):>10} {fmt_bytes(st.optimizer_bytes):>10} "
                     f"{fmt_bytes(st.activation_bytes):>10} {fmt_bytes(st.transient_bytes):>10} "
                     f"{fmt_bytes(st.total_bytes):>10} {fmt_bytes(e.sent_per_rank):>10} {fmt_time(e.comm_time_s):>10}")

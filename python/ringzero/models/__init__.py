@@ -1,4 +1,4 @@
 """Models used by the training job, the tests and the benchmarks."""
-from .gpt import GPT, Block, Embedding, GPTConfig, Head, lm_loss
+from .gpt import GPT, RECOMPUTE_KINDS, Block, Embedding, GPTConfig, Head, lm_loss
 
-__all__ = ["GPT", "GPTConfig", "Embedding", "Block", "Head", "lm_loss"]
+__all__ = ["GPT", "GPTConfig", "Embedding", "Block", "Head", "lm_loss", "RECOMPUTE_KINDS"]

@@ -1,6 +1,11 @@
 """A small GPT-style decoder over bytes: the model of the training job, the parity tests and the
 benchmarks. Built from three kinds of pieces (embedding, blocks, head) so that pipeline splitting can
 cut it between blocks: GPT.as_sequential() returns the same modules as one nn.Sequential.
+
+Activation recomputation (GPTConfig.recompute) lives inside Block.forward, so that it holds wherever a
+Block runs: in GPT.forward, in a pipeline stage cut from as_sequential(), and under ZeRO-3, whose
+gather/free hooks sit on the Block itself and so fire once per forward, never again for the
+recomputation (see [Note: recompute inside the Block]).
 """
 from __future__ import annotations
 
@@ -10,7 +15,12 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
+RECOMPUTE_KINDS = ("none", "selective", "full")
+"""What a Block recomputes in backward instead of keeping (Korthikanti et al. 2022's terms): none;
+selective, the attention core between qkv and proj (the part whose eager form is s^2 per head);
+full, the whole block from its input."""
 
 @dataclasses.dataclass
 class GPTConfig:
@@ -26,6 +36,9 @@ class GPTConfig:
     """Width of the residual stream."""
     mlp_ratio: int = 4
     """Hidden width of the MLP as a multiple of d_model."""
+    recompute: str = "none"
+    """One of RECOMPUTE_KINDS. Changes memory and compute only: losses and gradients are bitwise those of
+    'none' (the recomputation repeats the same kernels on the same inputs; the model has no dropout)."""
 
     def __post_init__(self):
         for name in ("vocab_size", "seq_len", "n_layer", "n_head", "d_model", "mlp_ratio"):
@@ -34,6 +47,8 @@ class GPTConfig:
                 raise ValueError(f"GPTConfig.{name} must be a positive int, got {v!r}")
         if self.d_model % self.n_head:
             raise ValueError(f"GPTConfig.n_head={self.n_head} must divide d_model={self.d_model}")
+        if self.recompute not in RECOMPUTE_KINDS:
+            raise ValueError(f"GPTConfig.recompute={self.recompute!r}: use one of {', '.join(RECOMPUTE_KINDS)}")
 
 
 class Embedding(nn.Module):
@@ -49,12 +64,26 @@ class Embedding(nn.Module):
         return self.tok(idx) + self.pos(torch.arange(t, device=idx.device))
 
 
+def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal attention of (B, heads, T, head_dim) q, k, v: what 'selective' recomputes."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+# [Note: recompute inside the Block]
+# Both recomputations use torch.utils.checkpoint's non-reentrant form around code *inside*
+# Block.forward, never around a Block call: module hooks (ZeRO-3's gather before forward and free after
+# it, FSDP2's the same) then run once per forward, and the recomputation in backward finds the weights
+# that ZeRO-3's backward hook on the block output has already gathered. The non-reentrant form keeps
+# the original autograd graph, so gradients still arrive through each parameter's AccumulateGrad and
+# the DDP/ZeRO post-accumulate-grad hooks see them as without recomputation. Without grad (validation)
+# nothing is checkpointed: there is no backward to recompute for.
 class Block(nn.Module):
-    """Pre-norm causal self-attention and MLP: (B, T, d) -> (B, T, d)."""
+    """Pre-norm causal self-attention and MLP: (B, T, d) -> (B, T, d). recompute: see RECOMPUTE_KINDS."""
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.n_head = cfg.n_head
+        self.recompute = cfg.recompute
         self.ln1 = nn.LayerNorm(cfg.d_model)
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model)
@@ -63,11 +92,19 @@ class Block(nn.Module):
         self.out = nn.Linear(cfg.mlp_ratio * cfg.d_model, cfg.d_model)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.recompute == "full" and torch.is_grad_enabled():
+            return checkpoint(self._layer, x, use_reentrant=False)  # keeps only x
+        return self._layer(x)
+
+    def _layer(self, x: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
         q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
         shape = (b, t, self.n_head, d // self.n_head)
         q, k, v = (z.view(shape).transpose(1, 2) for z in (q, k, v))
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if self.recompute == "selective" and torch.is_grad_enabled():
+            a = checkpoint(attention_core, q, k, v, use_reentrant=False)  # keeps q, k, v, not its own state
+        else:
+            a = attention_core(q, k, v)
         x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
         return x + self.out(F.gelu(self.fc(self.ln2(x))))
 

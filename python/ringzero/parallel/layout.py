@@ -15,7 +15,7 @@ STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "pp", "pp+zero1", "pp+zero2")
 
 class LayoutError(ValueError):
     """A layout that cannot exist. key: which rule ('strategy', 'positive', 'pp_divides_world',
-    'pp_needs_pipeline'); values: the numbers in the message."""
+    'pp_needs_pipeline', 'tp_divides_world'); values: the numbers in the message."""
 
     def __init__(self, key: str, message: str, **values):
         super().__init__(message)
@@ -57,10 +57,13 @@ class Layout:
     """All ranks."""
     pp: int = 1
     """Pipeline stages; divides world. Only pipeline strategies may have pp > 1."""
+    tp: int = 1
+    """Tensor-parallel ranks sharing each block's matrices (innermost, as in parallel.Mesh); pp * tp
+    divides world. Every strategy may have tp > 1: its data parallelism then spans world / (pp * tp)."""
 
     def __post_init__(self):
         check_strategy(self.strategy)
-        for name in ("world", "pp"):
+        for name in ("world", "pp", "tp"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise LayoutError("positive", f"{name} must be a positive int, got {v!r}", name=name, value=v)
@@ -72,6 +75,11 @@ class Layout:
             raise LayoutError("pp_needs_pipeline",
                               f"strategy {self.strategy} has no pipeline but pp={self.pp}; use --strategy pp, "
                               f"pp+zero1 or pp+zero2, or --pp 1", pp=self.pp)
+        if self.world % (self.pp * self.tp):
+            raise LayoutError("tp_divides_world",
+                              f"pp={self.pp} stages x tp={self.tp} tensor-parallel ranks do not divide "
+                              f"world={self.world}; choose tp among the divisors of {self.world // self.pp}",
+                              pp=self.pp, tp=self.tp, world=self.world)
 
     @classmethod
     def of(cls, strategy: str, world: int, pp: int | None = None) -> "Layout":
@@ -82,8 +90,8 @@ class Layout:
 
     @property
     def dp(self) -> int:
-        """Data-parallel replicas per pipeline stage."""
-        return self.world // self.pp
+        """Data-parallel replicas per pipeline stage (each replica is tp ranks)."""
+        return self.world // (self.pp * self.tp)
 
     @property
     def zero_stage(self) -> int:

@@ -5,6 +5,12 @@ from ..models import GPTConfig
 from .layout import BASELINE_LAYOUT, estimator_schedule, layout_of
 
 
+def gpt_config(args) -> GPTConfig:
+    """The model a run trains (and the estimate describes), from the command line."""
+    return GPTConfig(seq_len=args.seq, n_layer=args.layers, n_head=args.heads, d_model=args.d_model,
+                     recompute=getattr(args, "recompute", "none"))
+
+
 def estimate_for_run(args, run: str, world: int, layers_per_stage=None) -> dict:
     """ringzero.estimate's prediction for this run (float32 AdamW, the same model, batch and layout; a
     torch row takes the layout of its ringzero counterpart, layout.BASELINE_LAYOUT): the fullest rank's
@@ -14,9 +20,9 @@ def estimate_for_run(args, run: str, world: int, layers_per_stage=None) -> dict:
     layout = layout_of(run, world, args.pp)
     plan = Plan(strategy=layout.strategy, world=world, pp=layout.pp,
                 microbatches=args.microbatches if layout.pipeline else 1,
-                schedule=estimator_schedule(args.schedule),
+                schedule=estimator_schedule(args.schedule), recompute=getattr(args, "recompute", "none"),
                 layers_per_stage=tuple(layers_per_stage) if layers_per_stage else None)
-    cfg = GPTConfig(seq_len=args.seq, n_layer=args.layers, n_head=args.heads, d_model=args.d_model)
+    cfg = gpt_config(args)
     e = estimate(cfg, batch=args.batch, plan=plan)
     mib = 2**20
     return {"estimate_mib_per_rank": e.total_bytes / mib,

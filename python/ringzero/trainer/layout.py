@@ -4,6 +4,7 @@ worded with this command's flags, plus what training adds (blocks per stage, bat
 schedule's own microbatch rules)."""
 from __future__ import annotations
 
+from ..models.gpt import RECOMPUTE_KINDS
 from ..parallel.layout import STRATEGIES, Layout, LayoutError
 from ..parallel.pipeline.schedules import SCHEDULES, make_plan
 
@@ -44,12 +45,20 @@ def check_schedule(schedule: str) -> str:
     return schedule
 
 
+def check_recompute(recompute: str) -> str:
+    """The recompute kind if the model knows it; ValueError listing the kinds otherwise."""
+    if recompute not in RECOMPUTE_KINDS:
+        raise ValueError(f"--recompute {recompute!r} is not a recompute kind; use one of {', '.join(RECOMPUTE_KINDS)}")
+    return recompute
+
+
 def check_run(run: str, nproc: int, pp: int | None, batch: int, microbatches: int, layers: int,
-              schedule: str = "1F1B", precision: str = "fp32") -> Layout:
+              schedule: str = "1F1B", precision: str = "fp32", recompute: str = "none") -> Layout:
     """Raises ValueError, before any rank starts, for a run that cannot work; returns its Layout.
-    precision: the resolved one (device.precision_of), 'fp32' or 'bf16'."""
+    precision: the resolved one (device.precision_of), 'fp32' or 'bf16'. recompute: GPTConfig.recompute."""
     if run not in RUNS:
         raise ValueError(f"unknown strategy {run!r}; choose from {', '.join(RUNS)}")
+    check_recompute(recompute)
     layout = layout_of(run, nproc, pp)
     stages, dp = layout.pp, layout.dp
     if run == "pp" and dp != 1:
@@ -76,6 +85,14 @@ def check_run(run: str, nproc: int, pp: int | None, batch: int, microbatches: in
             # which autocast's bf16 activations do not match.
             raise ValueError(f"{run}: --schedule {schedule} runs in float32 only; add --precision fp32 or use "
                              "GPipe or 1F1B")
+        if plan.split_backward and recompute == "full":
+            # weight_grad.py routes a Linear through its deferred-gradient store only while the runtime's
+            # forward has a key set; a full recomputation runs inside the backward, without that key, so the
+            # rebuilt block's Linears save other tensors than the forward's (torch's CheckpointError).
+            # 'selective' recomputes only the attention core, which has no Linear: it works.
+            raise ValueError(f"{run}: --schedule {schedule} splits the backward, which --recompute full cannot follow "
+                             "(the recomputed block would not defer its Linear weight gradients); use GPipe or 1F1B "
+                             "with --recompute full, or --recompute selective")
     return layout
 
 

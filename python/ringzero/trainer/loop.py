@@ -10,10 +10,10 @@ import ringzero
 
 from ..data import batch as make_batch
 from ..data import corpus_info, stdlib_corpus
-from ..models import GPT, GPTConfig
+from ..models import GPT
 from ..parallel.pipeline.transport import choose_transport
 from . import device as devices
-from .estimate_check import estimate_for_run
+from .estimate_check import estimate_for_run, gpt_config
 from .faults import maybe_fault
 from .layout import BASELINES, layout_of
 from .metering import METERED_STEPS, PeakMemory
@@ -88,7 +88,7 @@ def _train(args, run: str, env: RankEnv, stop_meter=lambda: None):
     if env.device.type == "cuda" and env.precision == "fp32":
         torch.set_float32_matmul_precision("highest")  # fp32 means float32 matmuls, not TF32
     torch.manual_seed(args.seed)
-    cfg = GPTConfig(seq_len=args.seq, n_layer=args.layers, n_head=args.heads, d_model=args.d_model)
+    cfg = gpt_config(args)
     model = GPT(cfg)  # built on the CPU from the seed: the same weights on every device
     n_params = sum(p.numel() for p in model.parameters())
     model = model.to(env.device)
@@ -135,7 +135,7 @@ def _train(args, run: str, env: RankEnv, stop_meter=lambda: None):
     step_s = sum(timed) / max(1, len(timed))
     return {
         "strategy": run, "ranks": world, "steps": args.steps, "start_step": start,
-        "params": n_params, "device": str(env.device.type), "precision": env.precision,
+        "params": n_params, "device": str(env.device.type), "precision": env.precision, "recompute": cfg.recompute,
         "pipeline_transport": env.transport if layout_of(run, world, args.pp).pipeline else None,
         "corpus": corpus_info(),
         "train_losses": losses, "val_losses": vals,
