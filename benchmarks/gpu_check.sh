@@ -82,11 +82,13 @@ if [ $TORCH_CUDA = 1 ]; then
   export PYTHONPATH="$ROOT/python${PYTHONPATH:+:$PYTHONPATH}"
   "$PY" -c "import ringzero, ringzero._C as C; print(ringzero.__file__, 'has_cuda', C.has_cuda, 'has_nccl', C.has_nccl)"
   if want pytest; then
-    step 220 "3. Python GPU tests (fixed cases, fuzz, missing peer)" "$PY" -m pytest -q -rs \
-      tests/test_cuda.py tests/test_cuda_fuzz.py tests/test_cuda_timeout.py
+    step 220 "3. Python GPU tests (fixed cases, fuzz, missing peer, multi-tensor Adam and its graph capture)" \
+      "$PY" -m pytest -q -rs tests/test_cuda.py tests/test_cuda_fuzz.py tests/test_cuda_timeout.py tests/test_adam_cuda.py
   fi
   if want bench; then
     step 150 "4. CUDA benchmark" "$PY" benchmarks/bench_cuda.py --out "$RESULTS/bench_cuda_$STAMP.txt"
+    step 120 "4b. fused Adam benchmark against torch's fused AdamW" "$PY" benchmarks/optim.py --device cuda \
+      --out "$RESULTS/optim_cuda_$STAMP.txt"
   fi
   if want train; then
     # Every strategy beside stock torch, then the CUDA losses against the CPU run of the same seed and
