@@ -9,7 +9,9 @@ References, all computed in each rank's own process, sharing no code with the la
   rtol=1e-5, atol=1e-6 (the TP sums add partial products in another order) [measured on this machine:
   every element within 9% of atol + rtol * |reference|; largest absolute difference 1.4e-6].
   tp = 2, 3, 4 (the whole world) and tp = 2 inside a (dp=2 x tp=2) mesh, each with and without
-  sequence parallelism.
+  sequence parallelism. Then TensorParallelGPT.clip_grad_norm_ to half the norm: the norm returned must
+  be torch.nn.utils.clip_grad_norm_'s on the reference, and the clipped gradients its slices (same
+  tolerance).
 - training: 3 AdamW steps of tp=2 x dp=2 (ringzero DDP over the data group) and of tp=2 with ZeRO-1 over
   the data group, with and without sequence parallelism, against parallel_cases.reference (one process,
   float64, torch.optim.AdamW on the whole global batch, no clipping); the shards after the steps must be
@@ -92,6 +94,14 @@ def one_step_parity(group, sequence_parallel: bool, label: str) -> int:
         torch.testing.assert_close(p.grad, want, rtol=RTOL, atol=ATOL, msg=lambda s: f"{label} {name}: {s}")
         checked += 1
     assert checked == len(ref_grads)
+    # Clipping to half the full gradient's norm: shards summed over the group, replicated parameters once.
+    max_norm = 0.5 * float(torch.nn.utils.get_total_norm(list(ref_grads.values())))
+    ref_norm = torch.nn.utils.clip_grad_norm_(ref.parameters(), max_norm)
+    norm = model.clip_grad_norm_(max_norm)
+    torch.testing.assert_close(norm, ref_norm, rtol=RTOL, atol=ATOL, msg=lambda s: f"{label} clip norm: {s}")
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, expected_shard(name, ref_grads[name], tp, r), rtol=RTOL, atol=ATOL,
+                                   msg=lambda s: f"{label} {name} after clipping: {s}")
     if sequence_parallel:
         assert len(model.sequence_parallel_parameters()) == 2 * 3 * config().n_layer + 2 + 1
     return checked

@@ -20,6 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..models.gpt import GPT, GPTConfig
+from .clip import clip_grad_norm_
 from .tensor import (ColumnParallelLinear, RowParallelLinear, check_divides, copy_to_tensor_region, group_rank,
                      group_size)
 from .vocab import VocabParallelEmbedding, vocab_parallel_cross_entropy
@@ -152,13 +153,27 @@ class TensorParallelGPT(nn.Module):
             elif isinstance(m, (nn.LayerNorm, nn.Embedding)):
                 m.load_state_dict(full[name].state_dict())
 
+    def replicated_parameter_names(self) -> list[str]:
+        """Names of the parameters every rank of the group holds whole, with equal gradients after
+        backward (layer norms, the position embedding, the row-parallel biases); the others are shards."""
+        whole = (nn.LayerNorm, nn.Embedding)
+        return [f"{m_name}.{n}" for m_name, m in self.named_modules() for n, _ in m.named_parameters(recurse=False)
+                if isinstance(m, whole) or (isinstance(m, RowParallelLinear) and n == "bias")]
+
     def sequence_parallel_parameters(self) -> list[str]:
-        """Names of the replicated parameters whose gradients backward sums over the group (empty without
-        sequence parallelism): [Note: sequence-parallel gradients]."""
-        if not self.sequence_parallel:
-            return []
-        return [n for n, _ in self.named_parameters()
-                if ".ln" in n or n.endswith(("proj.bias", "out.bias")) or n == "embed.pos.weight"]
+        """Names of the replicated parameters whose gradients backward sums over the group: all of them
+        with sequence parallelism, none without ([Note: sequence-parallel gradients])."""
+        return self.replicated_parameter_names() if self.sequence_parallel else []
+
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        """Scales the gradients so that the 2-norm of the full model's gradient is at most max_norm (shards
+        summed over the group, replicated parameters counted once); returns the norm before clipping
+        (float32 0-dim CPU tensor, the same on every rank). Every rank of the group calls it. Under DDP
+        over a data-parallel group the replicas' gradients are equal, so this is the global norm too."""
+        whole = set(self.replicated_parameter_names())
+        named = list(self.named_parameters())
+        return clip_grad_norm_([p.grad for n, p in named if n not in whole], max_norm, group=self.group,
+                               replicated=[p.grad for n, p in named if n in whole])
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         if idx.dim() != 2 or idx.shape[1] > self.cfg.seq_len:
