@@ -20,6 +20,7 @@ References, all computed in each rank's own process, sharing no code with the la
 - vocab_parallel_cross_entropy: F.cross_entropy on the logits gathered with torch.distributed (gloo),
   loss and each rank's block of the gradient, rtol=1e-5, atol=1e-6, also with logits scaled to 1e4
   (exp overflows float32 without the max subtraction) and with every target on one rank.
+- the layers' own initialisation (every rank seeded alike): exactly the slice of the full torch layer's.
 - Mesh(pp, dp, tp): each axis's ranks against the formula rank = (pp_i * dp + dp_i) * tp + tp_i.
 - bad arguments: ValueError (or TypeError) whose message names the argument.
 Every random case prints its seed.
@@ -133,6 +134,25 @@ def cross_entropy_parity(group) -> int:
     return len(cases)
 
 
+def layers_initialise_as_sliced_full_layers(group) -> int:
+    """Seeded alike, each layer holds its slice of what the full torch layer draws from that seed."""
+    from ringzero.parallel import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
+    tp, r = dist.get_world_size(group), dist.get_rank(group)
+    cases = [(ColumnParallelLinear, (8, 36), dict(chunks=3), "qkv.weight", "qkv.bias"),
+             (ColumnParallelLinear, (8, 12), {}, "fc.weight", "fc.bias"),
+             (RowParallelLinear, (12, 8), {}, "out.weight", "out.bias"),
+             (VocabParallelEmbedding, (12, 8), {}, "tok.weight", None)]
+    for layer, sizes, kwargs, weight_name, bias_name in cases:
+        torch.manual_seed(3)
+        full = (torch.nn.Embedding if layer is VocabParallelEmbedding else torch.nn.Linear)(*sizes)
+        torch.manual_seed(3)
+        got = layer(*sizes, group=group, **kwargs)
+        assert torch.equal(got.weight, expected_shard(weight_name, full.weight.detach(), tp, r)), (layer, kwargs)
+        if bias_name:
+            assert torch.equal(got.bias, expected_shard(bias_name, full.bias.detach(), tp, r)), (layer, kwargs)
+    return len(cases)
+
+
 def check_mesh_axes(mesh, pp, dp, tp):
     rank = dist.get_rank()
     p, d, t = rank // (dp * tp), rank // tp % dp, rank % tp
@@ -181,6 +201,7 @@ def parity_cases(rank, world):
     for sp in (False, True):
         done[f"tp={world} sp={sp}"] = one_step_parity(None, sp, f"tp={world} sp={sp} rank {rank}")
     done["cross-entropy"] = cross_entropy_parity(None)
+    done["initialisation"] = layers_initialise_as_sliced_full_layers(None)
     if world == 4:
         for pp, dp, tp in ((1, 2, 2), (2, 1, 2), (2, 2, 1), (1, 1, 4)):
             check_mesh_axes(Mesh(pp=pp, dp=dp, tp=tp), pp, dp, tp)
