@@ -20,7 +20,8 @@ def _sum_of_squares(grads) -> torch.Tensor:
     return sq
 
 
-def clip_grad_norm_(grads, max_norm: float, group=None, replicas: int = 1, replicated=()) -> torch.Tensor:
+def clip_grad_norm_(grads, max_norm: float, group=None, replicas: int = 1, replicated=(),
+                    replicated_copies: int | None = None) -> torch.Tensor:
     """Scales `grads` (this rank's gradient tensors, any device) so that the global 2-norm is at most
     max_norm; returns the norm before clipping (float32 0-dim CPU tensor, the same on every rank).
 
@@ -28,13 +29,14 @@ def clip_grad_norm_(grads, max_norm: float, group=None, replicas: int = 1, repli
     rank's sum of squares, accumulated in float64 and reduced with one all-reduce of a float64 CPU
     scalar, divided by `replicas` when every gradient is held by that many ranks of the group
     (a pipeline stage replicated over its data-parallel ranks); shards count once (replicas=1).
-    `replicated`: further gradients that every rank of the group holds equal (a tensor-parallel model's
-    layer norms), counted once and scaled too. Every rank of the group must call it."""
+    `replicated`: further gradients held equal by `replicated_copies` ranks of the group (None: every
+    rank; a tensor-parallel model's layer norms, on each rank of its tensor group), counted once and
+    scaled too. Every rank of the group must call it."""
     grads = [g for g in grads if g is not None]
     replicated = [g for g in replicated if g is not None]
     sq = _sum_of_squares(grads)
     if replicated:
-        sq += _sum_of_squares(replicated) / dist.get_world_size(group)
+        sq += _sum_of_squares(replicated) / (replicated_copies or dist.get_world_size(group))
     comm.all_reduce(sq, op=ReduceOp.SUM, group=group)
     if replicas != 1:
         sq /= replicas

@@ -47,6 +47,8 @@ def check_divides(value: int, parts: int, arg: str, who: str, parts_are: str = "
 # ---- the collectives, along any dimension -------------------------------------------------------
 # ringzero's all-gather and reduce-scatter work on the leading dimension of contiguous memory (rank r's
 # block is the r-th contiguous block), so a gather along `dim` moves `dim` to the front first.
+# A tensor on the meta device (a pipeline stage inferring its output shape) gets the result's shape
+# and no communication: the other ranks are not inferring at the same moment.
 
 def _identity(x: torch.Tensor, group, dim: int) -> torch.Tensor:
     return x.view_as(x)
@@ -54,14 +56,16 @@ def _identity(x: torch.Tensor, group, dim: int) -> torch.Tensor:
 
 def _all_reduce_sum(x: torch.Tensor, group, dim: int = 0) -> torch.Tensor:
     out = x.contiguous().clone()  # the all-reduce works in place; never in the caller's tensor
-    comm.all_reduce(out, group=group)
+    if not out.is_meta:
+        comm.all_reduce(out, group=group)
     return out
 
 
 def _all_gather(x: torch.Tensor, group, dim: int) -> torch.Tensor:
     front = x.movedim(dim, 0).contiguous()
     out = front.new_empty((group_size(group) * front.shape[0], *front.shape[1:]))
-    comm.all_gather_into_tensor(out, front, group=group)
+    if not out.is_meta:
+        comm.all_gather_into_tensor(out, front, group=group)
     return out.movedim(0, dim)
 
 
@@ -72,7 +76,8 @@ def _reduce_scatter(x: torch.Tensor, group, dim: int) -> torch.Tensor:
                          f"group size {world} must divide (the sequence length must be a multiple of tp)")
     front = x.movedim(dim, 0).contiguous()
     out = front.new_empty((front.shape[0] // world, *front.shape[1:]))
-    comm.reduce_scatter_tensor(out, front, group=group)
+    if not out.is_meta:
+        comm.reduce_scatter_tensor(out, front, group=group)
     return out.movedim(0, dim)
 
 

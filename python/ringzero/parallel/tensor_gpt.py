@@ -23,6 +23,7 @@ from ..models.gpt import GPT, GPTConfig
 from .clip import clip_grad_norm_
 from .tensor import (ColumnParallelLinear, RowParallelLinear, check_divides, copy_to_tensor_region, group_rank,
                      group_size)
+from .tensor_state import replicated_parameter_names
 from .vocab import VocabParallelEmbedding, vocab_parallel_cross_entropy
 
 # [Note: sequence-parallel gradients]
@@ -156,9 +157,7 @@ class TensorParallelGPT(nn.Module):
     def replicated_parameter_names(self) -> list[str]:
         """Names of the parameters every rank of the group holds whole, with equal gradients after
         backward (layer norms, the position embedding, the row-parallel biases); the others are shards."""
-        whole = (nn.LayerNorm, nn.Embedding)
-        return [f"{m_name}.{n}" for m_name, m in self.named_modules() for n, _ in m.named_parameters(recurse=False)
-                if isinstance(m, whole) or (isinstance(m, RowParallelLinear) and n == "bias")]
+        return replicated_parameter_names(self)
 
     def sequence_parallel_parameters(self) -> list[str]:
         """Names of the replicated parameters whose gradients backward sums over the group: all of them
@@ -185,6 +184,12 @@ class TensorParallelGPT(nn.Module):
         for block in self.blocks:
             x = block(x)
         return self.head(x)
+
+    def as_sequential(self) -> nn.Sequential:
+        """The same modules (shared parameters) as nn.Sequential(embed, *blocks, head), for pipeline
+        stages: each stage's output is the residual stream (or its sequence shard), the last one this
+        rank's logits."""
+        return nn.Sequential(self.embed, *self.blocks, self.head)
 
     def loss(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Mean next-token cross-entropy over all B * T tokens (targets (B, T) int64), like lm_loss."""
