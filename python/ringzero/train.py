@@ -21,7 +21,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from .parallel.layout import ALL_STRATEGIES
+from .parallel.layout import ALL_STRATEGIES, is_tensor_parallel
 from .parallel.pipeline.schedules import SCHEDULES
 from .trainer.layout import BASELINES, RUNS, SCHEDULE_NOTES
 
@@ -70,6 +70,9 @@ def parse_args(argv=None):
         p.error(f"unknown strategy {bad}; choose from {', '.join(RUNS)}")
     if args.tp is not None and args.tp < 1:
         p.error("--tp must be at least 1")
+    if (args.tp or 1) > 1 and not any(is_tensor_parallel(s) for s in args.strategies):
+        # --compare ignores --tp in its other rows (as --pp), but a --tp that no row uses is a mistake
+        p.error(f"--tp {args.tp} needs a tensor-parallel strategy (tp, tp+zero1, 3d) among the runs")
     for name in ("nproc", "steps", "batch", "seq", "layers", "d_model", "heads", "microbatches", "val_batches"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
