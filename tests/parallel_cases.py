@@ -44,8 +44,9 @@ def local(batch, rank):
     return x[:, :-1], x[:, 1:]
 
 
-def reference(model, data, unused_grad_zero=False):
-    """One process, float64, whole batch: returns (named float64 params, clip norms, losses)."""
+def reference(model, data, unused_grad_zero=False, clip=CLIP):
+    """One process, float64, whole batch: returns (named float64 params, clip norms, losses).
+    clip=None: no clipping (the norms are then those of the unclipped gradients)."""
     ref = copy.deepcopy(model).double()
     opt = torch.optim.AdamW(ref.parameters(), lr=LR, weight_decay=WD)
     norms, losses = [], []
@@ -58,7 +59,7 @@ def reference(model, data, unused_grad_zero=False):
             for p in ref.parameters():
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
-        norms.append(float(torch.nn.utils.clip_grad_norm_(ref.parameters(), CLIP)))
+        norms.append(float(torch.nn.utils.clip_grad_norm_(ref.parameters(), float("inf") if clip is None else clip)))
         opt.step()
         opt.zero_grad()
     return dict(ref.named_parameters()), norms, losses

@@ -58,7 +58,7 @@ def _world_rows(tmp):
         ("DDP not a module", TypeError, "nn.Module", lambda: DistributedDataParallel(3)),
         ("Mesh pp does not divide", ValueError, "does not divide", lambda: Mesh(pp=3) if dist.get_world_size() == 2 else
          (_ for _ in ()).throw(ValueError("does not divide"))),
-        ("Mesh axis", ValueError, "unknown mesh axis", lambda: Mesh(pp=1).group("tp")),
+        ("Mesh axis", ValueError, "unknown mesh axis", lambda: Mesh(pp=1).group("ep")),
         # checkpoint
         ("load missing checkpoint", FileNotFoundError, "no complete checkpoint", lambda: checkpoint.load(
             os.path.join(tmp, "none"), lin)),

@@ -1,8 +1,10 @@
-"""Sharded, atomic, reshardable checkpoints for plain modules, DistributedDataParallel and ZeroDataParallel.
+"""Sharded, atomic, reshardable checkpoints for plain modules, DistributedDataParallel and ZeroDataParallel,
+also over a tensor-parallel model (parallel.tensor_gpt).
 
 Layout of a checkpoint root:
     ROOT/step-00000100/manifest.json    written last; a directory without it is never loaded
     ROOT/step-00000100/rank00000.pt     that rank's shards: weights and optimizer state, flat
+    ROOT/step-00000100/tp001-rank00000.pt   the same for tensor rank 1 (tensor-parallel models)
     ROOT/.tmp-step-00000100/            where a save is written before the rename that publishes it
 
 Every weight is stored as part of a flat group (a ZeRO bucket/unit sharded over the ranks, or one
@@ -10,11 +12,17 @@ replicated parameter written by rank 0) described in the manifest by names, shap
 rebuilds, for each group of the *new* model, the ranges it owns from whichever old shards hold them,
 so a checkpoint saved at one world size loads at another.
 
+Tensor parallelism adds a second level ([Note: tensor-parallel checkpoints]): each tensor rank saves
+its shards as above (over its data-parallel group), and the manifest records how every split
+parameter was cut (dim, chunks), so load can join the old shards into the full tensor and cut the
+piece the new model holds, at any tensor-parallel size (1: the plain GPT).
+
     python -m ringzero.checkpoint consolidate ROOT_OR_DIR OUT.pt    # full state_dict of the plain module
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import sys
@@ -27,9 +35,19 @@ import torch.nn as nn
 from . import comm
 from .parallel.ddp import DistributedDataParallel
 from .parallel.flat import FlatLayout
+from .parallel.tensor_state import shard_of, shard_specs, tensor_parallel_group, unshard
 from .parallel.zero import ZeroDataParallel
 
 FORMAT = 1
+
+# [Note: tensor-parallel checkpoints]
+# A model holding parallel.tensor layers is saved by every rank of the world, tensor rank t writing
+# tp{t:03d}-rank{r:05d}.pt for its data-parallel rank r. Every tensor rank's flat groups have the same
+# layout (equal shards), so the manifest lists each group once per tensor rank with "tp_rank", the files
+# holding its shards ("files", in data-parallel order) and the key of its tensors in them ("key").
+# Replicated parameters outside ZeRO groups are written by tensor rank 0 only. "tensor_parallel" maps
+# each split parameter to [dim, chunks] (tensor_state.shard_specs). A checkpoint without it reads as
+# tp = 1, so old checkpoints load as before, and a tensor-parallel one loads into a plain model whole.
 MANIFEST = "manifest.json"
 _before_commit = None  # test hook: called on every rank after the shards are written, before the manifest
 
@@ -79,37 +97,50 @@ def save(path, model, optimizer=None, step: int = 0, extra=None) -> Path:
     group = _group(model)
     rank = dist.get_rank(group) if group is not None else 0
     world = dist.get_world_size(group) if group is not None else 1
+    _, tp, tp_rank = tensor_parallel_group(_wrapped(model))
+    specs = shard_specs(_wrapped(model))
+    if tp > 1 and world * tp != dist.get_world_size():
+        raise ValueError(f"checkpoint.save: a tensor-parallel model saves from every rank: its data-parallel group "
+                         f"({world}) times its tensor group ({tp}) must be the world ({dist.get_world_size()}); "
+                         "wrap it in DistributedDataParallel or ZeroDataParallel over the data-parallel group")
+    everyone = dist.group.WORLD if tp > 1 else group  # the ranks that write files
+    first = rank == 0 and tp_rank == 0  # writes the directory, the buffers and the manifest
     root = Path(path)
     final, tmp = root / f"step-{step:08d}", root / f".tmp-step-{step:08d}"
-    if rank == 0:
+    if first:
         root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)  # left by an interrupted save of the same step
         tmp.mkdir()
-    _barrier(group)
+    _barrier(everyone)
 
     tensors, groups = {}, []
     for i, (layout, values, opt_param, sharded) in enumerate(_entries(model)):
-        groups.append({"layout": layout.describe(), "sharded": sharded})
-        if not sharded and rank != 0:
+        split = any(slot.name in specs for slot in layout.slots)
+        for t in range(tp) if sharded or split else [0]:
+            groups.append({"layout": layout.describe(), "sharded": sharded, "key": i, "tp_rank": t,
+                           "files": [_file_name(t, r, tp) for r in range(world if sharded else 1)]})
+        if (not sharded and rank != 0) or not (sharded or split or tp_rank == 0):
             continue
         tensors[f"{i}.values"] = values.clone()
         state = optimizer.state.get(opt_param, {}) if optimizer is not None else {}
         for key, v in state.items():
             flat = isinstance(v, torch.Tensor) and v.numel() == opt_param.numel() and v.dim() > 0
             tensors[f"{i}.state.{key}"] = v.detach().reshape(-1).clone() if flat else v
-    if rank == 0:
+    if first:
         tensors["buffers"] = {n: b.detach().clone() for n, b in _wrapped(model).named_buffers()}
         tensors["extra"] = extra
         if optimizer is not None:
             tensors["param_groups"] = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
-    _fsync_write(tmp / f"rank{rank:05d}.pt", lambda f: torch.save(tensors, f))
-    _barrier(group)  # every shard is on disk before the manifest says the checkpoint exists
+    _fsync_write(tmp / _file_name(tp_rank, rank, tp), lambda f: torch.save(tensors, f))
+    _barrier(everyone)  # every shard is on disk before the manifest says the checkpoint exists
 
     if _before_commit is not None:
         _before_commit()
-    if rank == 0:
+    if first:
         manifest = {"format": FORMAT, "step": step, "world": world, "groups": groups,
-                    "files": [f"rank{r:05d}.pt" for r in range(world)]}
+                    "files": [_file_name(t, r, tp) for t in range(tp) for r in range(world)]}
+        if tp > 1:
+            manifest["tensor_parallel"] = {"tp": tp, "shards": {n: list(spec) for n, spec in specs.items()}}
         _fsync_write(tmp / (MANIFEST + ".tmp"), lambda f: f.write(json.dumps(manifest, indent=1).encode()))
         os.replace(tmp / (MANIFEST + ".tmp"), tmp / MANIFEST)
         if final.exists():  # saving the same step again: the new one replaces it
@@ -119,8 +150,14 @@ def save(path, model, optimizer=None, step: int = 0, extra=None) -> Path:
             shutil.rmtree(old, ignore_errors=True)
         os.replace(tmp, final)
         _fsync_dir(root)
-    _barrier(group)
+    _barrier(everyone)
     return final
+
+
+def _file_name(tp_rank: int, rank: int, tp: int) -> str:
+    """The file of data-parallel rank `rank` of tensor rank `tp_rank` (without tensor parallelism, the
+    name checkpoints always had)."""
+    return f"rank{rank:05d}.pt" if tp == 1 else f"tp{tp_rank:03d}-rank{rank:05d}.pt"
 
 
 def _barrier(group):
@@ -153,54 +190,91 @@ class _Reader:
         if not isinstance(self.manifest, dict) or self.manifest.get("format") != FORMAT:
             got = self.manifest.get("format") if isinstance(self.manifest, dict) else type(self.manifest).__name__
             raise ValueError(f"{ckpt}: checkpoint manifest format {got} is not {FORMAT}")
-        self.files = [torch.load(ckpt / f, mmap=True, weights_only=True) for f in self.manifest["files"]]
-        self.where = {}  # parameter name -> (group index, offset in the old flat group, shape)
+        self.files = {f: torch.load(ckpt / f, mmap=True, weights_only=True) for f in self.manifest["files"]}
+        self.first = self.files[self.manifest["files"][0]]  # buffers, optimizer hyperparameters, extra
+        tensor_parallel = self.manifest.get("tensor_parallel", {"tp": 1, "shards": {}})
+        self.tp, self.specs = tensor_parallel["tp"], {n: tuple(v) for n, v in tensor_parallel["shards"].items()}
+        self.where = {}  # (parameter name, tensor rank) -> (group index, offset in the old flat group, shape)
         for i, g in enumerate(self.manifest["groups"]):
             for p in g["layout"]["params"]:
-                self.where[p["name"]] = (i, p["offset"], p["shape"])
+                self.where.setdefault((p["name"], g.get("tp_rank", 0)), (i, p["offset"], p["shape"]))
+
+    def _group_files(self, i: int) -> tuple[list, int]:
+        """(the files holding old group i's shards in data-parallel order, its key in them)."""
+        g = self.manifest["groups"][i]
+        return [self.files[f] for f in g.get("files", self.manifest["files"])], g.get("key", i)
+
+    def locate(self, name: str, tp_rank: int = 0) -> tuple[int, int, list]:
+        """(old group, offset, shape) of `name` as tensor rank tp_rank saved it."""
+        if (name, tp_rank) not in self.where:
+            raise KeyError(f"{self.dir}: the checkpoint has no parameter {name!r}")
+        return self.where[name, tp_rank]
 
     def read(self, i: int, key: str, start: int, stop: int) -> torch.Tensor:
         """Elements [start, stop) of old group i's flat `key` ("values" or "state.NAME")."""
         g = self.manifest["groups"][i]
+        files, k = self._group_files(i)
         if not g["sharded"]:
-            return self.files[0][f"{i}.{key}"][start:stop]
+            return files[0][f"{k}.{key}"][start:stop]
         s = g["layout"]["shard_numel"]
         pieces = []
         for r in range(start // s, (stop - 1) // s + 1):
-            shard = self.files[r][f"{i}.{key}"]
+            shard = files[r][f"{k}.{key}"]
             pieces.append(shard[max(start - r * s, 0): min(stop - r * s, s)])
         return torch.cat(pieces) if len(pieces) != 1 else pieces[0]
 
+    def _saved(self, name: str, key: str, tp_rank: int) -> torch.Tensor:
+        i, offset, shape = self.locate(name, tp_rank)
+        return self.read(i, key, offset, offset + math.prod(shape)).view(shape)
+
+    def full(self, name: str, key: str = "values") -> torch.Tensor:
+        """The whole parameter `name` of the unsplit model (its shards joined when tensor-parallel)."""
+        if name not in self.specs:
+            return self._saved(name, key, 0)
+        dim, chunks = self.specs[name]
+        return unshard([self._saved(name, key, t) for t in range(self.tp)], dim, chunks)
+
     def state_keys(self, i: int):
         """(flat keys, other entries) of old group i's optimizer state; scalar entries (Adam's step)
-        are the same on every rank, so rank 0's file is enough."""
+        are the same on every rank, so the first file is enough."""
         g = self.manifest["groups"][i]
         n = g["layout"]["shard_numel"] if g["sharded"] else g["layout"]["numel"]
-        prefix = f"{i}.state."
+        files, k = self._group_files(i)
+        prefix = f"{k}.state."
         flat, other = [], {}
-        for k, v in self.files[0].items():
-            if k.startswith(prefix):
-                name = k[len(prefix):]
+        for key, v in files[0].items():
+            if key.startswith(prefix):
+                name = key[len(prefix):]
                 if isinstance(v, torch.Tensor) and v.dim() == 1 and v.numel() == n:
                     flat.append(name)
                 else:
                     other[name] = v
         return flat, other
 
-    def fill(self, layout: FlatLayout, start: int, count: int, key: str, out: torch.Tensor):
+    def fill(self, layout: FlatLayout, start: int, count: int, key: str, out: torch.Tensor, target=(1, 0, {})):
         """Writes elements [start, start + count) of the new flat group `layout` (key of each old
-        group holding its parameters) into out; padding stays as it is."""
+        group holding its parameters) into out; padding stays as it is. target: (tp, tensor rank,
+        shard_specs) of the new model; a parameter split in the checkpoint or in the new model is
+        joined and cut again ([Note: tensor-parallel checkpoints])."""
+        tp, tp_rank, specs = target
         for slot in layout.slots:
             a, b = max(start, slot.offset), min(start + count, slot.offset + slot.numel)
             if a >= b:
                 continue
-            if slot.name not in self.where:
-                raise KeyError(f"{self.dir}: the checkpoint has no parameter {slot.name!r}")
-            i, offset, shape = self.where[slot.name]
+            if slot.name in self.specs or slot.name in specs:
+                piece = self.full(slot.name, key)
+                if slot.name in specs:
+                    piece = shard_of(piece, *specs[slot.name], tp, tp_rank)
+                shape, flat = list(piece.shape), piece.reshape(-1)[a - slot.offset: b - slot.offset]
+            else:
+                i, offset, shape = self.locate(slot.name)
+                flat = None
             if list(shape) != list(slot.shape):
                 raise ValueError(f"{self.dir}: parameter {slot.name!r} has shape {shape} in the checkpoint "
                                  f"but {list(slot.shape)} in the model")
-            out[a - start: b - start].copy_(self.read(i, key, offset + a - slot.offset, offset + b - slot.offset))
+            if flat is None:
+                flat = self.read(i, key, offset + a - slot.offset, offset + b - slot.offset)
+            out[a - start: b - start].copy_(flat)
 
 
 def load(path, model, optimizer=None) -> dict:
@@ -210,20 +284,21 @@ def load(path, model, optimizer=None) -> dict:
     Returns {"step", "extra", "path"}."""
     ckpt = latest(path)
     reader = _Reader(ckpt)
+    _, tp, tp_rank = tensor_parallel_group(_wrapped(model))
+    target = (tp, tp_rank, shard_specs(_wrapped(model)))
     for layout, values, opt_param, sharded in _entries(model):
         start, count = (layout.shard_start, layout.shard_numel) if sharded else (0, layout.numel)
         with torch.no_grad():
             buf = torch.zeros(count, dtype=torch.float32)
-            reader.fill(layout, start, count, "values", buf)
+            reader.fill(layout, start, count, "values", buf, target)
             values.copy_(buf)
         if optimizer is None or not layout.slots:
             continue
-        first = reader.where[layout.slots[0].name][0]
-        flat_keys, other = reader.state_keys(first)
+        flat_keys, other = reader.state_keys(reader.locate(layout.slots[0].name)[0])
         state = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in other.items()}
         for key in flat_keys:
             buf = torch.zeros(count, dtype=torch.float32)
-            reader.fill(layout, start, count, f"state.{key}", buf)
+            reader.fill(layout, start, count, f"state.{key}", buf, target)
             state[key] = buf.view_as(opt_param).to(opt_param.device)
         current = optimizer.state.get(opt_param, {})
         for key, v in state.items():
@@ -236,7 +311,7 @@ def load(path, model, optimizer=None) -> dict:
             else:
                 current[key] = v
         optimizer.state[opt_param] = current
-    rank0 = reader.files[0]
+    rank0 = reader.first
     with torch.no_grad():
         for name, b in _wrapped(model).named_buffers():
             b.copy_(rank0["buffers"][name])
@@ -257,12 +332,10 @@ def consolidate(path) -> dict[str, torch.Tensor]:
     saved in the checkpoint `path` (or the latest under it). Runs in one process, no group needed."""
     reader = _Reader(latest(path))
     out = {}
-    for name, (i, offset, shape) in reader.where.items():
-        n = 1
-        for d in shape:
-            n *= d
-        out[name] = reader.read(i, "values", offset, offset + n).clone().view(shape)
-    for name, b in reader.files[0]["buffers"].items():
+    for name, _ in reader.where:
+        if name not in out:
+            out[name] = reader.full(name).clone()
+    for name, b in reader.first["buffers"].items():
         out[name] = b.clone()
     return out
 

@@ -4,6 +4,8 @@ or several in turn (`--compare`) on the same data and seed, and prints one table
     ringzero train --strategy zero2 --nproc 2
     ringzero train --compare ddp,zero1,zero2,zero3,pp --nproc 2 --out runs/compare
     ringzero train --compare torch-ddp,ddp,torch-fsdp2,zero3 --device cuda --steps 20
+    ringzero train --compare ddp,tp,tp+zero1 --nproc 4 --tp 2 --sequence-parallel
+    ringzero train --strategy 3d --nproc 4 --tp 2 --pp 2
 
 Each strategy runs in fresh processes (so peak memory is its own); rank 0 writes a JSON summary that
 the parent collects. Under torchrun, only --strategy is accepted and the current processes train.
@@ -19,7 +21,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from .parallel.layout import STRATEGIES
+from .parallel.layout import ALL_STRATEGIES, is_tensor_parallel
 from .parallel.pipeline.schedules import SCHEDULES
 from .trainer.layout import BASELINES, RUNS, SCHEDULE_NOTES
 
@@ -27,12 +29,16 @@ from .trainer.layout import BASELINES, RUNS, SCHEDULE_NOTES
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="ringzero train", description=__doc__.split("\n\n")[0])
     how = p.add_mutually_exclusive_group()
-    how.add_argument("--strategy", choices=STRATEGIES, default=None, help="one strategy (default ddp)")
+    how.add_argument("--strategy", choices=ALL_STRATEGIES, default=None, help="one strategy (default ddp)")
     how.add_argument("--compare", default=None, help="comma-separated strategies to run in turn on the same data; "
                      f"also the stock-torch rows {', '.join(BASELINES)}")
     p.add_argument("--nproc", type=int, default=2, help="ranks to spawn when not under torchrun (default 2)")
     p.add_argument("--pp", type=int, default=None, help="pipeline stages for pp strategies (default: all ranks for "
                    "pp, half of them for pp+zero*)")
+    p.add_argument("--tp", type=int, default=None, help="tensor-parallel ranks for tp, tp+zero1 and 3d (default: all "
+                   "ranks for tp and tp+zero1, 2 for 3d); the rest are data-parallel replicas")
+    p.add_argument("--sequence-parallel", action="store_true", help="tp strategies: shard the activations between "
+                   "tensor-parallel regions along the sequence (--seq must divide by --tp)")
     p.add_argument("--microbatches", type=int, default=4, help="pipeline microbatches per step (default 4)")
     p.add_argument("--schedule", default="1F1B", help="pipeline schedule: "
                    f"{', '.join(s for s in SCHEDULES if s not in SCHEDULE_NOTES)} (default 1F1B)")
@@ -64,6 +70,11 @@ def parse_args(argv=None):
     bad = [s for s in args.strategies if s not in RUNS]
     if bad:
         p.error(f"unknown strategy {bad}; choose from {', '.join(RUNS)}")
+    if args.tp is not None and args.tp < 1:
+        p.error("--tp must be at least 1")
+    if (args.tp or 1) > 1 and not any(is_tensor_parallel(s) for s in args.strategies):
+        # --compare ignores --tp in its other rows (as --pp), but a --tp that no row uses is a mistake
+        p.error(f"--tp {args.tp} needs a tensor-parallel strategy (tp, tp+zero1, 3d) among the runs")
     for name in ("nproc", "steps", "batch", "seq", "layers", "d_model", "heads", "microbatches", "val_batches"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
@@ -74,15 +85,17 @@ def parse_args(argv=None):
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA device is available")
     from .trainer import check_recompute, check_run, check_schedule
+    from .trainer.layout import model_config
     from .trainer.device import precision_of
 
     try:  # everything a rank would refuse, refused here, before any rank is spawned
         check_schedule(args.schedule)
         check_recompute(args.recompute)
         precision = precision_of(args.precision, args.device)
+        cfg = model_config(args)
         for s in args.strategies:
             check_run(s, args.nproc, args.pp, args.batch, args.microbatches, args.layers, args.schedule, precision,
-                      args.recompute)
+                      tp=args.tp, model=cfg, sequence_parallel=args.sequence_parallel, recompute=args.recompute)
     except ValueError as e:
         p.error(str(e))
     if args.resume or args.save_every:

@@ -1,7 +1,14 @@
-"""Layer 7: parallelism on top of ringzero's collectives (mesh, DDP, ZeRO, pipeline)."""
+"""Layer 7: parallelism on top of ringzero's collectives (mesh, DDP, ZeRO, tensor, pipeline)."""
 from . import pipeline
 from .ddp import DistributedDataParallel
 from .mesh import Mesh
+from .tensor import (ColumnParallelLinear, RowParallelLinear, copy_to_tensor_region, gather_from_sequence_shards,
+                     reduce_from_tensor_region, reduce_scatter_to_sequence_shards)
+from .tensor_gpt import TensorParallelGPT, tensor_parallel_gpt
+from .vocab import VocabParallelEmbedding, vocab_parallel_cross_entropy
 from .zero import ZeroDataParallel, zero_memory_formula
 
-__all__ = ["Mesh", "DistributedDataParallel", "ZeroDataParallel", "zero_memory_formula", "pipeline"]
+__all__ = ["Mesh", "DistributedDataParallel", "ZeroDataParallel", "zero_memory_formula", "pipeline",
+           "ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding", "vocab_parallel_cross_entropy",
+           "copy_to_tensor_region", "reduce_from_tensor_region", "gather_from_sequence_shards",
+           "reduce_scatter_to_sequence_shards", "TensorParallelGPT", "tensor_parallel_gpt"]

@@ -1,6 +1,7 @@
 """The one validated parallel layout: a strategy name over `world` ranks as pp pipeline stages times dp
-data-parallel replicas (pipeline-major, as parallel.Mesh lays them out). `ringzero train` and
-`ringzero.estimate.Plan` both build a Layout, so the rules and their messages live here only.
+data-parallel replicas times tp tensor-parallel shards (pipeline-major, tensor innermost, as
+parallel.Mesh lays them out). `ringzero train` and `ringzero.estimate.Plan` both build a Layout, so the
+rules and their messages live here only.
 
 Errors are LayoutError (a ValueError) with a `key` naming the rule, so that a command line can word
 the same rule with its own flags (`ringzero train` says --nproc where the estimator says world).
@@ -10,12 +11,20 @@ from __future__ import annotations
 import dataclasses
 
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "pp", "pp+zero1", "pp+zero2")
-"""Data parallel: ddp, zero1-3. Pipeline: pp (stages only), pp+zero1/2 (stages x ZeRO over replicas)."""
+"""Data parallel: ddp, zero1-3. Pipeline: pp (stages only), pp+zero1/2 (stages x ZeRO over replicas).
+The strategies ringzero.estimate takes; each may have tp > 1 there (Megatron's tensor parallelism
+inside every replica)."""
+TENSOR_PARALLEL_STRATEGIES = ("tp", "tp+zero1", "3d")
+"""tp: tensor parallel over tp ranks x DDP over the dp replicas; tp+zero1: ZeRO-1 over the replicas;
+3d: pp pipeline stages, each tensor parallel over tp ranks, ZeRO-1 over the dp replicas of a stage."""
+ALL_STRATEGIES = STRATEGIES + TENSOR_PARALLEL_STRATEGIES
+"""What `ringzero train` runs."""
 
 
 class LayoutError(ValueError):
     """A layout that cannot exist. key: which rule ('strategy', 'positive', 'pp_divides_world',
-    'pp_needs_pipeline', 'tp_divides_world'); values: the numbers in the message."""
+    'pp_needs_pipeline', 'tp_divides_world', 'pp_tp_divides_world', 'tp_divides_model'); values: the
+    numbers in the message."""
 
     def __init__(self, key: str, message: str, **values):
         super().__init__(message)
@@ -23,74 +32,117 @@ class LayoutError(ValueError):
 
 
 def is_pipeline(strategy: str) -> bool:
-    """True for pp, pp+zero1, pp+zero2."""
-    return strategy.startswith("pp")
+    """True for pp, pp+zero1, pp+zero2 and 3d."""
+    return strategy.startswith("pp") or strategy == "3d"
+
+
+def is_tensor_parallel(strategy: str) -> bool:
+    """True for tp, tp+zero1 and 3d."""
+    return strategy in TENSOR_PARALLEL_STRATEGIES
 
 
 def zero_stage_of(strategy: str) -> int:
-    """0 for ddp and pp; else the ZeRO stage named by the strategy (1 shards optimizer state, 2 also
-    gradients, 3 also parameters). Raises LayoutError for an unknown strategy."""
+    """0 for ddp, pp and tp; else the ZeRO stage named by the strategy (1 shards optimizer state, 2 also
+    gradients, 3 also parameters; 3d is ZeRO-1 over its replicas). Raises LayoutError for an unknown
+    strategy."""
     check_strategy(strategy)
+    if strategy == "3d":
+        return 1
     return {"zero1": 1, "zero2": 2, "zero3": 3}.get(strategy.split("+")[-1], 0)
 
 
 def check_strategy(strategy) -> str:
-    if strategy not in STRATEGIES:
-        raise LayoutError("strategy", f"strategy={strategy!r}: use one of {', '.join(STRATEGIES)}", strategy=strategy)
+    if strategy not in ALL_STRATEGIES:
+        raise LayoutError("strategy", f"strategy={strategy!r}: use one of {', '.join(ALL_STRATEGIES)}",
+                          strategy=strategy)
     return strategy
 
 
 def default_stages(strategy: str, world: int) -> int:
-    """Pipeline stages when none are given: every rank for pp, half of them for pp+zero*, 1 otherwise."""
+    """Pipeline stages when none are given: every rank for pp, half of them for pp+zero*, 2 for 3d, 1
+    otherwise."""
     if not is_pipeline(strategy):
         return 1
+    if strategy == "3d":
+        return 2
     return world if strategy == "pp" else max(1, world // 2)
+
+
+def default_tensor_parallel(strategy: str, world: int, pp: int) -> int:
+    """Tensor-parallel ranks when none are given: all of them for tp and tp+zero1, 2 for 3d, 1 otherwise."""
+    if not is_tensor_parallel(strategy):
+        return 1
+    return 2 if strategy == "3d" else world // pp
+
+
+def _check_positive(**values):
+    for name, v in values.items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise LayoutError("positive", f"{name} must be a positive int, got {v!r}", name=name, value=v)
 
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
-    """`strategy` over `world` ranks with `pp` pipeline stages (see the module docstring)."""
+    """`strategy` over `world` ranks with `pp` pipeline stages and `tp` tensor-parallel ranks per
+    replica of a stage (see the module docstring)."""
 
     strategy: str
-    """One of STRATEGIES."""
+    """One of ALL_STRATEGIES."""
     world: int
     """All ranks."""
     pp: int = 1
     """Pipeline stages; divides world. Only pipeline strategies may have pp > 1."""
     tp: int = 1
-    """Tensor-parallel ranks sharing each block's matrices (innermost, as in parallel.Mesh); pp * tp
-    divides world. Every strategy may have tp > 1: its data parallelism then spans world / (pp * tp)."""
+    """Tensor-parallel ranks (innermost); pp * tp divides world. `ringzero train` runs tp > 1 only as tp,
+    tp+zero1 and 3d (Layout.of ignores tp for the others); the estimator models it under every strategy."""
 
     def __post_init__(self):
         check_strategy(self.strategy)
-        for name in ("world", "pp", "tp"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise LayoutError("positive", f"{name} must be a positive int, got {v!r}", name=name, value=v)
+        _check_positive(world=self.world, pp=self.pp, tp=self.tp)
         if self.world % self.pp:
             raise LayoutError("pp_divides_world",
                               f"pp={self.pp} pipeline stages do not divide world={self.world}; choose pp among "
                               f"the divisors of {self.world} or change --world", pp=self.pp, world=self.world)
+        if self.world % self.tp:
+            raise LayoutError("tp_divides_world",
+                              f"tp={self.tp} tensor-parallel ranks do not divide world={self.world}; choose tp "
+                              f"among the divisors of {self.world}", tp=self.tp, world=self.world)
+        if self.world % (self.pp * self.tp):
+            raise LayoutError("pp_tp_divides_world",
+                              f"pp * tp = {self.pp} * {self.tp} = {self.pp * self.tp} does not divide "
+                              f"world={self.world}", pp=self.pp, tp=self.tp, world=self.world)
         if self.pp > 1 and not is_pipeline(self.strategy):
             raise LayoutError("pp_needs_pipeline",
                               f"strategy {self.strategy} has no pipeline but pp={self.pp}; use --strategy pp, "
-                              f"pp+zero1 or pp+zero2, or --pp 1", pp=self.pp)
-        if self.world % (self.pp * self.tp):
-            raise LayoutError("tp_divides_world",
-                              f"pp={self.pp} stages x tp={self.tp} tensor-parallel ranks do not divide "
-                              f"world={self.world}; choose tp among the divisors of {self.world // self.pp}",
-                              pp=self.pp, tp=self.tp, world=self.world)
+                              f"pp+zero1, pp+zero2 or 3d, or --pp 1", pp=self.pp)
 
     @classmethod
-    def of(cls, strategy: str, world: int, pp: int | None = None) -> "Layout":
-        """The layout with `pp` stages, or default_stages when pp is None (ignored without a pipeline)."""
+    def of(cls, strategy: str, world: int, pp: int | None = None, tp: int | None = None) -> "Layout":
+        """The layout with `pp` stages and `tp` tensor-parallel ranks, or their defaults when None
+        (default_stages, default_tensor_parallel); each is ignored by strategies without that axis."""
         check_strategy(strategy)
         stages = (pp or default_stages(strategy, world)) if is_pipeline(strategy) else 1
-        return cls(strategy, world, stages)
+        if is_tensor_parallel(strategy):
+            _check_positive(pp=stages)
+            shards = tp or default_tensor_parallel(strategy, world, stages)
+        else:
+            shards = 1
+        return cls(strategy, world, stages, shards)
+
+    def check_model(self, cfg, sequence_parallel: bool = False):
+        """LayoutError ('tp_divides_model') unless tp divides what tensor parallelism splits in the
+        models.GPTConfig `cfg`: n_head, d_model * mlp_ratio, vocab_size, and with sequence parallelism
+        seq_len (parallel.tensor_gpt's rules)."""
+        from .tensor_gpt import check_tensor_parallel_config
+
+        try:
+            check_tensor_parallel_config(cfg, self.tp, sequence_parallel)
+        except ValueError as e:
+            raise LayoutError("tp_divides_model", str(e), tp=self.tp) from None
 
     @property
     def dp(self) -> int:
-        """Data-parallel replicas per pipeline stage (each replica is tp ranks)."""
+        """Data-parallel replicas per pipeline stage (of tp ranks each)."""
         return self.world // (self.pp * self.tp)
 
     @property
@@ -100,3 +152,7 @@ class Layout:
     @property
     def pipeline(self) -> bool:
         return is_pipeline(self.strategy)
+
+    @property
+    def tensor_parallel(self) -> bool:
+        return is_tensor_parallel(self.strategy)

@@ -1,51 +1,72 @@
-"""The one place that makes process groups: named parallel axes ("pp", "dp") over the world.
+"""The one place that makes process groups: named parallel axes ("pp", "dp", "tp") over the world.
 
-Ranks are laid out pipeline-major, as Megatron does: rank = pp_index * dp_size + dp_index, so the
-data-parallel replicas of one stage are neighbours (and usually share a host).
+Ranks are laid out pipeline-major and tensor-innermost, as Megatron does:
+rank = (pp_index * dp_size + dp_index) * tp_size + tp_index, so the tensor-parallel ranks of one
+replica are neighbours (they communicate in every layer: keep them on one host, ideally one node),
+then the data-parallel replicas of one stage.
 """
 from __future__ import annotations
 
+import itertools
+
 import torch.distributed as dist
 
-AXES = ("pp", "dp")
+AXES = ("pp", "dp", "tp")
+"""Outermost first: the order of the coordinates in the rank formula."""
+
+
+def _positive(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
 
 
 class Mesh:
-    """A (pp x dp) grid over all ranks of the default group.
+    """A (pp x dp x tp) grid over all ranks of the default group.
 
     Every rank must build the Mesh with the same sizes (it creates groups collectively).
-    `dp=None` takes the rest of the world. An axis that spans the whole world uses the default group.
+    `dp=None` takes the rest of the world (world / (pp * tp)). An axis that spans the whole world uses
+    the default group.
     """
 
-    def __init__(self, pp: int = 1, dp: int | None = None):
+    def __init__(self, pp: int = 1, dp: int | None = None, tp: int = 1):
         if not dist.is_initialized():
             raise ValueError("Mesh needs torch.distributed.init_process_group(...) to have been called first")
         world, rank = dist.get_world_size(), dist.get_rank()
-        if not isinstance(pp, int) or pp < 1:
-            raise ValueError(f"pp must be a positive int, got {pp!r}")
+        _positive("pp", pp)
+        _positive("tp", tp)
         if dp is None:
-            if world % pp:
-                raise ValueError(f"pp={pp} does not divide the world size {world}; choose pp among the divisors of {world}")
-            dp = world // pp
-        if not isinstance(dp, int) or dp < 1:
-            raise ValueError(f"dp must be a positive int, got {dp!r}")
-        if pp * dp != world:
-            raise ValueError(f"pp * dp = {pp} * {dp} = {pp * dp} must equal the world size {world}")
-        self.sizes = {"pp": pp, "dp": dp}
-        self.coords = {"pp": rank // dp, "dp": rank % dp}
+            if world % (pp * tp):
+                what = f"pp={pp}" if tp == 1 else f"pp * tp = {pp} * {tp} = {pp * tp}"
+                raise ValueError(f"{what} does not divide the world size {world}; choose among the divisors of {world}")
+            dp = world // (pp * tp)
+        _positive("dp", dp)
+        if pp * dp * tp != world:
+            raise ValueError(f"pp * dp * tp = {pp} * {dp} * {tp} = {pp * dp * tp} must equal the world size {world}")
+        self.sizes = {"pp": pp, "dp": dp, "tp": tp}
+        self.coords = {"pp": rank // (dp * tp), "dp": rank // tp % dp, "tp": rank % tp}
         self._groups = {}
         self._ranks = {}
         # All ranks create all groups in the same order (new_group is collective over the world).
-        layouts = {
-            "dp": [[s * dp + d for d in range(dp)] for s in range(pp)],
-            "pp": [[s * dp + d for s in range(pp)] for d in range(dp)],
-        }
         for axis in AXES:
-            for ranks in layouts[axis]:
+            for ranks in self._lines(axis):
                 group = dist.group.WORLD if len(ranks) == world else dist.new_group(ranks)
                 if rank in ranks:
                     self._groups[axis] = group
                     self._ranks[axis] = ranks
+
+    def rank_of(self, pp: int, dp: int, tp: int) -> int:
+        """The global rank at these coordinates."""
+        return (pp * self.sizes["dp"] + dp) * self.sizes["tp"] + tp
+
+    def _lines(self, axis: str) -> list[list[int]]:
+        """Every group along `axis`: the ranks whose other coordinates are fixed, in `axis` order."""
+        others = [a for a in AXES if a != axis]
+        lines = []
+        for fixed in itertools.product(*(range(self.sizes[a]) for a in others)):
+            coords = dict(zip(others, fixed))
+            lines.append([self.rank_of(**{**coords, axis: i}) for i in range(self.sizes[axis])])
+        return lines
 
     def _axis(self, axis: str) -> str:
         if axis not in AXES:
@@ -68,4 +89,4 @@ class Mesh:
         return list(self._ranks[self._axis(axis)])
 
     def __repr__(self):
-        return f"Mesh(pp={self.sizes['pp']}, dp={self.sizes['dp']}, coords={self.coords})"
+        return f"Mesh(pp={self.sizes['pp']}, dp={self.sizes['dp']}, tp={self.sizes['tp']}, coords={self.coords})"

@@ -2,12 +2,13 @@
 
   layout.py         what is checked before any rank starts (names, layouts; parallel.layout's rules)
   device.py         rank to GPU, process-group backends, precision (pure decisions, unit-tested on CPU)
-  strategies.py     ringzero's runs: ddp, zero1-3 (DataParallelRun) and pp, pp+zero1/2 (PipelineRun)
+  strategies.py     ringzero's runs: ddp, zero1-3 (DataParallelRun), tp, tp+zero1 (TensorParallelRun),
+                    pp, pp+zero1/2 and 3d (PipelineRun)
   baselines.py      the stock-torch rows: torch-ddp, torch-fsdp2
   loop.py           one rank's run: build, resume, train, validate, summarise
   metering.py       peak tensor memory per rank (CPU meter or torch.cuda statistics)
   faults.py         RINGZERO_FAULT, for the restart test
-  estimate_check.py ringzero.estimate's prediction for the same layout
+  estimate_check.py ringzero.estimate's prediction for the same layout (none yet for tensor parallelism)
   report.py         the table with ratios to torch rows, and the PNG
 """
 from .estimate_check import estimate_for_run

@@ -13,10 +13,12 @@ from ..models import Block
 from .strategies import BETAS, WEIGHT_DECAY, DataParallelRun
 
 MATCHING_BASELINE = {"ddp": "torch-ddp", "zero1": "torch-ddp", "zero2": "torch-fsdp2", "zero3": "torch-fsdp2",
-                     "pp": "torch-ddp", "pp+zero1": "torch-ddp", "pp+zero2": "torch-fsdp2"}
+                     "pp": "torch-ddp", "pp+zero1": "torch-ddp", "pp+zero2": "torch-fsdp2",
+                     "tp": "torch-ddp", "tp+zero1": "torch-ddp", "3d": "torch-ddp"}
 """The torch row each ringzero row is divided by: replicated weights against DDP, sharded gradients
 or weights against FSDP2 (FSDP2 shards weights too: ZeRO-3's match, an upper bound for ZeRO-2's
-memory savings); the pipelines against the data-parallel row of the same sharding."""
+memory savings); the pipelines against the data-parallel row of the same sharding; the tensor-parallel
+runs against torch-ddp (what splitting the model costs or saves beside plain data parallelism)."""
 
 
 def _device_mesh(device_type: str, group):

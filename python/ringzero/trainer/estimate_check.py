@@ -1,33 +1,31 @@
 """The estimator's prediction for a run, put beside the measured peak memory (the cross-check)."""
 from __future__ import annotations
 
-from ..models import GPTConfig
-from .layout import BASELINE_LAYOUT, estimator_schedule, layout_of
+from .layout import BASELINE_LAYOUT, estimator_schedule, layout_of, model_config
 
-
-def gpt_config(args) -> GPTConfig:
-    """The model a run trains (and the estimate describes), from the command line."""
-    return GPTConfig(seq_len=args.seq, n_layer=args.layers, n_head=args.heads, d_model=args.d_model,
-                     recompute=getattr(args, "recompute", "none"))
+ESTIMATOR_STRATEGY = {"tp": "ddp", "tp+zero1": "zero1", "3d": "pp+zero1"}
+"""The estimator's name for what each tensor-parallel run does across its replicas (the estimator puts
+tp > 1 under any strategy: Megatron's tensor parallelism inside every replica)."""
 
 
 def estimate_for_run(args, run: str, world: int, layers_per_stage=None) -> dict:
     """ringzero.estimate's prediction for this run (float32 AdamW, the same model, batch and layout; a
     torch row takes the layout of its ringzero counterpart, layout.BASELINE_LAYOUT): the fullest rank's
-    total, each rank's total (rank r is stage r // dp) and the terms of the fullest."""
+    total, each rank's total (rank r is stage r // dp) and the terms of the fullest. A tensor-parallel
+    run is estimated with its tp degree and sequence parallelism; its ranks' stages are r // (dp * tp)."""
     from ..estimate import Plan, estimate
 
-    layout = layout_of(run, world, args.pp)
-    plan = Plan(strategy=layout.strategy, world=world, pp=layout.pp,
+    layout = layout_of(run, world, args.pp, args.tp)
+    plan = Plan(strategy=ESTIMATOR_STRATEGY.get(layout.strategy, layout.strategy), world=world, pp=layout.pp,
+                tp=layout.tp, sequence_parallel=bool(getattr(args, "sequence_parallel", False)) and layout.tp > 1,
                 microbatches=args.microbatches if layout.pipeline else 1,
                 schedule=estimator_schedule(args.schedule), recompute=getattr(args, "recompute", "none"),
                 layers_per_stage=tuple(layers_per_stage) if layers_per_stage else None)
-    cfg = gpt_config(args)
-    e = estimate(cfg, batch=args.batch, plan=plan)
+    e = estimate(model_config(args), batch=args.batch, plan=plan)
     mib = 2**20
     return {"estimate_mib_per_rank": e.total_bytes / mib,
             "estimate_layout": BASELINE_LAYOUT.get(run, run),
-            "estimate_mib_by_rank": [e.stages[r // plan.dp].total_bytes / mib for r in range(world)],
+            "estimate_mib_by_rank": [e.stages[r // (plan.dp * plan.tp)].total_bytes / mib for r in range(world)],
             "estimate_terms_mib": {"parameters": e.params_bytes / mib, "gradients": e.grads_bytes / mib,
                                    "optimizer": e.optimizer_bytes / mib,
                                    "activations": (e.activation_bytes or 0) / mib,

@@ -4,13 +4,14 @@ worded with this command's flags, plus what training adds (blocks per stage, bat
 schedule's own microbatch rules)."""
 from __future__ import annotations
 
+from ..models import GPTConfig
 from ..models.gpt import RECOMPUTE_KINDS
-from ..parallel.layout import STRATEGIES, Layout, LayoutError
+from ..parallel.layout import ALL_STRATEGIES, Layout, LayoutError
 from ..parallel.pipeline.schedules import SCHEDULES, make_plan
 
 BASELINES = ("torch-ddp", "torch-fsdp2")
 """Stock torch rows for --compare: torch.nn.parallel.DistributedDataParallel and FSDP2's fully_shard."""
-RUNS = STRATEGIES + BASELINES
+RUNS = ALL_STRATEGIES + BASELINES
 BASELINE_LAYOUT = {"torch-ddp": "ddp", "torch-fsdp2": "zero3"}
 """The ringzero strategy with the same memory layout: used for the estimate column and the checks."""
 SCHEDULE_NOTES = {
@@ -21,15 +22,24 @@ SCHEDULE_NOTES = {
 _CLI_WORDING = {
     "pp_divides_world": "--pp {pp} must divide --nproc {world}",
     "positive": "--{name} must be at least 1",
+    "tp_divides_world": "--tp {tp} must divide --nproc {world}",
+    "pp_tp_divides_world": "--pp {pp} times --tp {tp} must divide --nproc {world}",
 }
 
 
-def layout_of(run: str, nproc: int, pp: int | None) -> Layout:
+def model_config(args) -> GPTConfig:
+    """The GPT that `ringzero train` trains (and the estimate describes), from --seq, --layers, --heads,
+    --d-model and --recompute (bytes: vocab 256)."""
+    return GPTConfig(seq_len=args.seq, n_layer=args.layers, n_head=args.heads, d_model=args.d_model,
+                     recompute=getattr(args, "recompute", "none"))
+
+
+def layout_of(run: str, nproc: int, pp: int | None, tp: int | None = None) -> Layout:
     """The Layout of a run (a strategy or a torch baseline) on nproc ranks; ValueError worded with
-    this command's flags."""
+    this command's flags. tp is ignored by runs without tensor parallelism (as pp is without a pipeline)."""
     strategy = BASELINE_LAYOUT.get(run, run)
     try:
-        return Layout.of(strategy, nproc, pp)
+        return Layout.of(strategy, nproc, pp, tp)
     except LayoutError as e:
         wording = _CLI_WORDING.get(e.key)
         raise ValueError(f"{run}: " + (wording.format(**e.values) if wording else str(e))) from None
@@ -53,13 +63,21 @@ def check_recompute(recompute: str) -> str:
 
 
 def check_run(run: str, nproc: int, pp: int | None, batch: int, microbatches: int, layers: int,
-              schedule: str = "1F1B", precision: str = "fp32", recompute: str = "none") -> Layout:
+              schedule: str = "1F1B", precision: str = "fp32", tp: int | None = None, model=None,
+              sequence_parallel: bool = False, recompute: str = "none") -> Layout:
     """Raises ValueError, before any rank starts, for a run that cannot work; returns its Layout.
-    precision: the resolved one (device.precision_of), 'fp32' or 'bf16'. recompute: GPTConfig.recompute."""
+    precision: the resolved one (device.precision_of), 'fp32' or 'bf16'. model: the run's
+    models.GPTConfig, checked against the tensor-parallel size (heads, MLP width, vocabulary, and the
+    sequence with sequence_parallel). recompute: GPTConfig.recompute."""
     if run not in RUNS:
         raise ValueError(f"unknown strategy {run!r}; choose from {', '.join(RUNS)}")
     check_recompute(recompute)
-    layout = layout_of(run, nproc, pp)
+    layout = layout_of(run, nproc, pp, tp)
+    if layout.tensor_parallel and model is not None:
+        try:
+            layout.check_model(model, sequence_parallel)
+        except LayoutError as e:
+            raise ValueError(f"{run} with --tp {layout.tp}: {e} (--heads, --d-model, --seq)") from None
     stages, dp = layout.pp, layout.dp
     if run == "pp" and dp != 1:
         raise ValueError(f"pp: --pp {stages} with --nproc {nproc} leaves {dp} data-parallel replicas; use pp+zero1 or "

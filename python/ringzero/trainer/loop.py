@@ -13,11 +13,11 @@ from ..data import corpus_info, stdlib_corpus
 from ..models import GPT
 from ..parallel.pipeline.transport import choose_transport
 from . import device as devices
-from .estimate_check import estimate_for_run, gpt_config
+from .estimate_check import estimate_for_run
 from .faults import maybe_fault
-from .layout import BASELINES, layout_of
+from .layout import BASELINES, layout_of, model_config
 from .metering import METERED_STEPS, PeakMemory
-from .strategies import DataParallelRun, PipelineRun, RankEnv
+from .strategies import DataParallelRun, PipelineRun, RankEnv, TensorParallelRun
 
 
 def rank_env(args, run: str) -> RankEnv:
@@ -39,8 +39,10 @@ def make_run(run: str, model, args, env: RankEnv):
         from .baselines import TorchBaselineRun
 
         return TorchBaselineRun(run, model, args, env)
-    cls = PipelineRun if layout_of(run, dist.get_world_size(), args.pp).pipeline else DataParallelRun
-    return cls(run, model, args, env)
+    layout = layout_of(run, dist.get_world_size(), args.pp, args.tp)
+    if layout.pipeline:
+        return PipelineRun(run, model, args, env)
+    return (TensorParallelRun if layout.tensor_parallel else DataParallelRun)(run, model, args, env)
 
 
 def train_rank(args, run: str) -> dict:
@@ -65,7 +67,7 @@ def _resume(args, run, strategy_run) -> int:
 
     obj, opt = strategy_run.checkpoint_objects()
     if obj is None:
-        raise ValueError(f"--resume is not supported for {run}: checkpoints cover DDP and ZeRO runs")
+        raise ValueError(f"--resume is not supported for {run}: checkpoints cover DDP, ZeRO, tp and tp+zero1 runs")
     try:
         path = checkpoint.latest(args.checkpoint_dir)
     except FileNotFoundError:
@@ -78,7 +80,7 @@ def _save(args, run, strategy_run, step: int):
 
     obj, opt = strategy_run.checkpoint_objects()
     if obj is None:
-        raise ValueError(f"--save-every is not supported for {run}: checkpoints cover DDP and ZeRO runs")
+        raise ValueError(f"--save-every is not supported for {run}: checkpoints cover DDP, ZeRO, tp and tp+zero1 runs")
     checkpoint.save(args.checkpoint_dir, obj, opt, step=step)
 
 
@@ -88,7 +90,7 @@ def _train(args, run: str, env: RankEnv, stop_meter=lambda: None):
     if env.device.type == "cuda" and env.precision == "fp32":
         torch.set_float32_matmul_precision("highest")  # fp32 means float32 matmuls, not TF32
     torch.manual_seed(args.seed)
-    cfg = gpt_config(args)
+    cfg = model_config(args)
     model = GPT(cfg)  # built on the CPU from the seed: the same weights on every device
     n_params = sum(p.numel() for p in model.parameters())
     model = model.to(env.device)
@@ -136,7 +138,8 @@ def _train(args, run: str, env: RankEnv, stop_meter=lambda: None):
     return {
         "strategy": run, "ranks": world, "steps": args.steps, "start_step": start,
         "params": n_params, "device": str(env.device.type), "precision": env.precision, "recompute": cfg.recompute,
-        "pipeline_transport": env.transport if layout_of(run, world, args.pp).pipeline else None,
+        "pipeline_transport": env.transport if layout_of(run, world, args.pp, args.tp).pipeline else None,
+        "tp": layout_of(run, world, args.pp, args.tp).tp,
         "corpus": corpus_info(),
         "train_losses": losses, "val_losses": vals,
         "final_train_loss": losses[-1][1] if losses else float("nan"),

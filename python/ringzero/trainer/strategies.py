@@ -1,6 +1,7 @@
-"""One rank's part of each ringzero strategy: the data-parallel ones (ddp, zero1-3) and the pipeline
-ones (pp, pp+zero1, pp+zero2). Every run takes the global batch of a step on its device and returns
-the global loss; the optimizer (FusedAdamW, warm-up) and the global-norm clip are the same for all.
+"""One rank's part of each ringzero strategy: the data-parallel ones (ddp, zero1-3), the tensor-parallel
+ones (tp, tp+zero1) and the pipeline ones (pp, pp+zero1, pp+zero2, and 3d: pipeline stages cut from a
+tensor-parallel model). Every run takes the global batch of a step on its device and returns the
+global loss; the optimizer (FusedAdamW, warm-up) and the global-norm clip are the same for all.
 """
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import ringzero
 
 from ..models import Block, lm_loss
 from ..parallel.clip import clip_grad_norm_
+from ..parallel.tensor_gpt import TensorParallelBlock
+from ..parallel.tensor_state import clip_tensor_parallel_grad_norm_
 from ..parallel.layout import Layout
 from .device import Autocast
 
@@ -52,14 +55,27 @@ def _slice(t: torch.Tensor, parts: int, index: int) -> torch.Tensor:
     return t[index * per:(index + 1) * per]
 
 
+def _free(model: torch.nn.Module):
+    """Drops the storage of `model`'s parameters (a rank keeps only its own shards or stage)."""
+    for p in model.parameters():
+        p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+
+
 class DataParallelRun:
     """DDP or ZeRO-1/2/3 over all ranks: each rank takes its slice of the global batch.
-    Subclasses change only build() (the stock-torch baselines)."""
+    Subclasses change build() (the stock-torch baselines) and, with tensor parallelism, which ranks
+    share a slice (replicas, replica) and the loss."""
 
     def __init__(self, strategy: str, model, args, env: RankEnv):
         self.world, self.rank = dist.get_world_size(), dist.get_rank()
+        if not hasattr(self, "replicas"):
+            self.replicas, self.replica = self.world, self.rank  # data-parallel slices of the batch
         self.args, self.strategy, self.env = args, strategy, env
         self.model, self.opt = self.build(strategy, compute_module(model, env))
+
+    def loss(self, xs, ys):
+        """This replica's mean loss on its slice."""
+        return lm_loss(self.model(xs), ys)
 
     def build(self, strategy: str, module):
         """(wrapped model, optimizer on its parameters)."""
@@ -77,9 +93,9 @@ class DataParallelRun:
         self.model.clip_grad_norm_(max_norm)
 
     def train_step(self, x, y, step: int) -> float:
-        xs, ys = _slice(x, self.world, self.rank), _slice(y, self.world, self.rank)
+        xs, ys = _slice(x, self.replicas, self.replica), _slice(y, self.replicas, self.replica)
         set_lr(self.opt, self.args.lr, step)
-        loss = lm_loss(self.model(xs), ys)
+        loss = self.loss(xs, ys)
         loss.backward()
         if self.args.clip > 0:
             self.clip(self.args.clip)
@@ -93,7 +109,7 @@ class DataParallelRun:
     def val_loss(self, batches) -> float:
         """Each rank evaluates its slice of every batch (the training micro-batch, so validation never
         needs more memory than a step); the mean over equal slices is the batch mean."""
-        losses = [lm_loss(self.model(_slice(x, self.world, self.rank)), _slice(y, self.world, self.rank)).item()
+        losses = [self.loss(_slice(x, self.replicas, self.replica), _slice(y, self.replicas, self.replica)).item()
                   for x, y in batches]
         out = torch.tensor([sum(losses) / len(losses)], dtype=torch.float64)
         ringzero.all_reduce(out, op=ringzero.ReduceOp.AVG)
@@ -103,33 +119,81 @@ class DataParallelRun:
         return self.model, self.opt
 
 
+class TensorParallelRun(DataParallelRun):
+    """tp: the GPT sharded over the --tp ranks of each replica (parallel.tensor_gpt), DDP over the
+    replicas; tp+zero1: ZeRO-1 over the replicas instead. The tensor ranks of a replica take the same
+    slice of the batch; the loss is the vocabulary-parallel cross-entropy (no full logits)."""
+
+    def __init__(self, strategy: str, model, args, env: RankEnv):
+        from ..parallel import Mesh, tensor_parallel_gpt
+
+        self.layout = Layout.of(strategy, dist.get_world_size(), tp=args.tp)
+        self.mesh = Mesh(tp=self.layout.tp)
+        self.replicas, self.replica = self.mesh.size("dp"), self.mesh.index("dp")
+        self.tp_model = tensor_parallel_gpt(model, self.mesh.group("tp"), args.sequence_parallel)
+        _free(model)  # this rank keeps its shards only
+        super().__init__(strategy, self.tp_model, args, env)
+
+    def build(self, strategy: str, module):
+        from ..optim import FusedAdamW
+        from ..parallel import DistributedDataParallel, ZeroDataParallel
+
+        dp = self.mesh.group("dp")
+        if self.layout.zero_stage:
+            model = ZeroDataParallel(module, stage=self.layout.zero_stage, process_group=dp)
+        else:
+            model = DistributedDataParallel(module, process_group=dp)
+        return model, FusedAdamW(model.parameters(), lr=self.args.lr, betas=BETAS, weight_decay=WEIGHT_DECAY)
+
+    def loss(self, xs, ys):
+        from ..parallel import vocab_parallel_cross_entropy
+
+        return vocab_parallel_cross_entropy(self.model(xs), ys, self.mesh.group("tp"))
+
+    def clip(self, max_norm: float):
+        if self.layout.zero_stage:  # master shards over the replicas mix tensor shards and replicated parameters
+            clip_tensor_parallel_grad_norm_(self.model, max_norm, self.layout.tp)
+        else:  # DDP: the replicas' gradients are equal, so the tensor group's norm is the global one
+            self.tp_model.clip_grad_norm_(max_norm)
+
+
 class PipelineRun:
-    """Pipeline stages over a (pp x dp) mesh; with pp+zeroK each stage is also ZeRO-K over its
-    data-parallel replicas. Training and validation both run through the PipelineRunner (validation
-    with the schedule's forward-only plan)."""
+    """Pipeline stages over a (pp x dp x tp) mesh; with pp+zeroK each stage is also ZeRO-K over its
+    data-parallel replicas. 3d cuts the stages from the tensor-parallel GPT (each stage's tp ranks
+    hold its shards, stage s's tensor rank t talks to stage s + 1's tensor rank t) and is ZeRO-1 over
+    the replicas. Training and validation both run through the PipelineRunner (validation with the
+    schedule's forward-only plan)."""
 
     def __init__(self, strategy: str, model, args, env: RankEnv):
         from ..optim import FusedAdamW
-        from ..parallel import Mesh, ZeroDataParallel
+        from ..parallel import Mesh, ZeroDataParallel, tensor_parallel_gpt, vocab_parallel_cross_entropy
         from ..parallel.pipeline import PipelineRunner, PipelineStage, split
 
-        layout = Layout.of(strategy, dist.get_world_size(), args.pp)
-        self.mesh = Mesh(pp=layout.pp)
+        layout = Layout.of(strategy, dist.get_world_size(), args.pp, args.tp)
+        self.layout, self.mesh = layout, Mesh(pp=layout.pp, tp=layout.tp)
+        loss_fn = lm_loss
+        if layout.tensor_parallel:
+            tp_group = self.mesh.group("tp")
+            sharded = tensor_parallel_gpt(model, tp_group, args.sequence_parallel)
+            _free(model)
+            model = sharded
+
+            def loss_fn(local_logits, y):
+                return vocab_parallel_cross_entropy(local_logits, y, tp_group)
         parts = split(model.as_sequential(), layout.pp, by="params")
-        self.layers_per_stage = [sum(isinstance(m, Block) for m in part) for part in parts]
+        self.layers_per_stage = [sum(isinstance(m, (Block, TensorParallelBlock)) for m in part) for part in parts]
         self.index = self.mesh.index("pp")
         # A rank keeps only its own stage's weights; the other stages live on their ranks.
         for i, part in enumerate(parts):
             if i != self.index:
-                for p in part.parameters():
-                    p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+                _free(part)
         module = compute_module(parts[self.index], env)
         if layout.zero_stage:
             module = ZeroDataParallel(module, stage=layout.zero_stage, process_group=self.mesh.group("dp"))
         self.module, self.args, self.zero = module, args, bool(layout.zero_stage)
         self.opt = FusedAdamW(module.parameters(), lr=args.lr, betas=BETAS, weight_decay=WEIGHT_DECAY)
         stage = PipelineStage(module, self.index, layout.pp, group=self.mesh.group("pp"))
-        self.runner = PipelineRunner(stage, args.schedule, args.microbatches, loss_fn=lm_loss, optimizer=None,
+        self.runner = PipelineRunner(stage, args.schedule, args.microbatches, loss_fn=loss_fn, optimizer=None,
                                      transport=env.transport, device=env.device)
         self.is_first, self.is_last = self.index == 0, self.index == layout.pp - 1
 
@@ -138,15 +202,19 @@ class PipelineRun:
         return (_slice(x, dp, dpi) if self.is_first else None), (_slice(y, dp, dpi) if self.is_last else None)
 
     def _global(self, per_replica_loss: float) -> float:
-        """Sum over every rank (only last stages contribute), averaged over the replicas."""
+        """Sum over every rank (only last stages contribute, each of their tp ranks the same value),
+        averaged over the replicas."""
         out = torch.tensor([per_replica_loss if self.is_last else 0.0], dtype=torch.float64)
         ringzero.all_reduce(out)
-        return out.item() / self.mesh.size("dp")
+        return out.item() / (self.mesh.size("dp") * self.mesh.size("tp"))
 
     def train_step(self, x, y, step: int) -> float:
         set_lr(self.opt, self.args.lr, step)
         loss = self.runner.step(*self._replica(x, y))
-        if self.args.clip > 0:
+        if self.args.clip > 0 and self.layout.tensor_parallel:
+            # Stages and ZeRO shards are disjoint; the stage's replicated parameters repeat on its tp ranks.
+            clip_tensor_parallel_grad_norm_(self.module, self.args.clip, self.layout.tp)
+        elif self.args.clip > 0:
             # Every stage and replica holds disjoint gradients, except plain stages replicated over dp.
             grads = [p.grad for p in self.module.parameters()]
             clip_grad_norm_(grads, self.args.clip, replicas=1 if self.zero else self.mesh.size("dp"))

@@ -1,0 +1,95 @@
+"""Which parameters of a tensor-parallel module are shards, and of what: read by the gradient clip
+(shards count once over the group, replicated parameters once per replica) and by checkpoint.py (which
+gathers shards into the full tensor and cuts them again for another tensor-parallel size).
+
+Works on any module built from tensor.py's and vocab.py's layers (a TensorParallelGPT, or a pipeline
+stage cut from one), by module type, so the names are those of the module it is given.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from .clip import clip_grad_norm_
+from .tensor import ColumnParallelLinear, RowParallelLinear, group_rank, group_size, shard_rows
+from .vocab import VocabParallelEmbedding
+
+_SHARDED_LAYERS = (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding)
+
+
+def shard_specs(module: nn.Module) -> dict[str, tuple[int, int]]:
+    """{parameter name: (dim, chunks)} for every parameter that the tensor-parallel group splits: rank
+    t of tp holds shard_of(full, dim, chunks, tp, t). The others are replicated whole on every rank."""
+    specs = {}
+    for m_name, m in module.named_modules():
+        prefix = f"{m_name}." if m_name else ""
+        if isinstance(m, ColumnParallelLinear):
+            specs[prefix + "weight"] = (0, m.chunks)
+            if m.bias is not None:
+                specs[prefix + "bias"] = (0, m.chunks)
+        elif isinstance(m, RowParallelLinear):
+            specs[prefix + "weight"] = (1, 1)
+        elif isinstance(m, VocabParallelEmbedding):
+            specs[prefix + "weight"] = (0, 1)
+    return specs
+
+
+def replicated_parameter_names(module: nn.Module) -> list[str]:
+    """Names of the parameters of `module` that every rank of its tensor-parallel group holds whole
+    (layer norms, the position embedding, the row-parallel biases)."""
+    split = shard_specs(module)
+    return [n for n, _ in module.named_parameters() if n not in split]
+
+
+def tensor_parallel_group(module: nn.Module):
+    """(group, tp size, rank in it) of the first tensor-parallel layer in `module`; (None, 1, 0) when it
+    has none (a plain model)."""
+    for m in module.modules():
+        if isinstance(m, _SHARDED_LAYERS):
+            return m.group, group_size(m.group), group_rank(m.group)
+    return None, 1, 0
+
+
+def shard_of(full: torch.Tensor, dim: int, chunks: int, tp: int, index: int) -> torch.Tensor:
+    """Shard `index` of `tp` of `full` along `dim`, each of `chunks` blocks split on its own (the rule
+    of ColumnParallelLinear's chunks): what tensor rank `index` holds."""
+    return shard_rows(full.transpose(0, dim), tp, index, chunks).transpose(0, dim)
+
+
+def unshard(shards: list[torch.Tensor], dim: int, chunks: int) -> torch.Tensor:
+    """The full tensor whose shard_of(., dim, chunks, len(shards), t) is shards[t]."""
+    pieces = [s.chunk(chunks, dim) for s in shards]
+    return torch.cat([p[c] for c in range(chunks) for p in pieces], dim)
+
+
+def clip_tensor_parallel_grad_norm_(model: nn.Module, max_norm: float, tp: int, group=None,
+                                    replicas: int = 1) -> torch.Tensor:
+    """Scales the gradients of `model` (a tensor-parallel module, or a ZeroDataParallel over one, whose
+    flat master shards mix shards and replicated parameters) so that the 2-norm of the full model's
+    gradient is at most max_norm; returns the norm before clipping (float32 0-dim CPU tensor, the same
+    on every rank of `group`).
+
+    `group` (None: the world) must span every rank holding a part of the model: tensor-parallel shards
+    count once, replicated parameters once among the `tp` ranks holding each, and everything is divided
+    by `replicas` when every gradient is held by that many data-parallel replicas (DDP; 1 under ZeRO,
+    whose master shards are disjoint). Every rank of `group` calls it."""
+    from .zero import ZeroDataParallel
+
+    split, whole = [], []
+    if isinstance(model, ZeroDataParallel):
+        replicated = set(replicated_parameter_names(model.module))
+        for g in model.groups:
+            grad, start = g.master.grad, g.layout.shard_start
+            if grad is None:
+                continue
+            for slot in g.layout.slots:  # this rank's part of each parameter in the flat shard
+                a = max(slot.offset, start)
+                b = min(slot.offset + slot.numel, start + g.layout.shard_numel)
+                if a < b:
+                    (whole if slot.name in replicated else split).append(grad[a - start:b - start])
+    else:
+        replicated = set(replicated_parameter_names(model))
+        for n, p in model.named_parameters():
+            (whole if n in replicated else split).append(p.grad)
+    return clip_grad_norm_(split, max_norm, group=group, replicas=replicas, replicated=whole,
+                           replicated_copies=tp)
