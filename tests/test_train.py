@@ -104,3 +104,22 @@ def test_recompute_lowers_the_peak_as_estimated(tmp_path):
                     assert full[rank] == pytest.approx(none[rank], rel=0.01), (key, strategy, rank)
                 else:
                     assert full[rank] < selective[rank] <= none[rank], (key, strategy, rank, full, selective, none)
+
+
+def test_tensor_parallel_peak_memory_is_within_15_percent_and_sequence_parallel_lowers_it(tmp_path):
+    """tp and tp+zero1 at 2 ranks (tp=2: every rank holds half of each block's matrices and of the
+    vocabulary, the whole batch), with and without sequence parallelism, and 3d (pp=2 x tp=2) at 4
+    ranks: each rank's measured peak within 15% of ringzero.estimate's for the same plan (Korthikanti
+    et al. 2022's activation terms per tensor-parallel rank). Sequence parallelism shards the layer
+    norms' and residuals' activations over the tp ranks: the peak must fall, in the measurement and in
+    the estimate, by at least half the activation saving the estimate predicts."""
+    plain = measured_within_15_percent(tmp_path / "tp", 2, ["--compare", "tp,tp+zero1"])
+    seq = measured_within_15_percent(tmp_path / "sp", 2, ["--compare", "tp,tp+zero1", "--sequence-parallel"])
+    measured_within_15_percent(tmp_path / "3d", 4, ["--compare", "3d", "--tp", "2", "--pp", "2", "--microbatches", "2"])
+    for strategy in ("tp", "tp+zero1"):
+        for rank in range(2):
+            est_saving = plain[strategy]["estimate_mib_by_rank"][rank] - seq[strategy]["estimate_mib_by_rank"][rank]
+            got_saving = plain[strategy]["peak_mib_by_rank"][rank] - seq[strategy]["peak_mib_by_rank"][rank]
+            print(f"{strategy} rank {rank}: sequence parallelism saves {got_saving:.1f} MiB measured, "
+                  f"{est_saving:.1f} MiB estimated")
+            assert est_saving > 0 and got_saving >= 0.5 * est_saving, (strategy, rank, got_saving, est_saving)

@@ -120,6 +120,30 @@ def reduce_scatter_to_sequence_shards(x: torch.Tensor, group=None, dim: int = 1)
     return x if group_size(group) == 1 else _Conjugate.apply(x, group, dim, _reduce_scatter, _all_gather)
 
 
+class _SequenceGatheredLinear(torch.autograd.Function):
+    """F.linear(all-gather(x), weight, bias) for a sequence shard `x` that keeps only the shard for
+    backward and all-gathers it again there (Korthikanti et al. 2022, section 4.2.2): stored, the
+    gathered input would be tp times the shard, and sequence parallelism would not divide the inputs of
+    the qkv and fc layers by tp (ringzero.estimate counts them divided). One more all-gather per layer
+    in backward is the price."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, group, dim):
+        ctx.save_for_backward(x, weight)
+        ctx.group, ctx.dim, ctx.has_bias = group, dim, bias is not None
+        return F.linear(_all_gather(x, group, dim), weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        full = _all_gather(x, ctx.group, ctx.dim).to(grad.dtype)  # (..., in): the input, gathered again
+        grad_input = _reduce_scatter(grad.matmul(weight.to(grad.dtype)), ctx.group, ctx.dim).to(x.dtype)
+        flat_grad = grad.reshape(-1, grad.shape[-1])  # (N, out / tp)
+        grad_weight = flat_grad.t().matmul(full.reshape(-1, full.shape[-1])).to(weight.dtype)
+        grad_bias = flat_grad.sum(0).to(weight.dtype) if ctx.has_bias else None
+        return grad_input, grad_weight, grad_bias, None, None
+
+
 def shard_rows(full: torch.Tensor, parts: int, index: int, chunks: int = 1) -> torch.Tensor:
     """Shard `index` of `parts` of `full` along dim 0. With chunks > 1 dim 0 is `chunks` blocks laid
     end to end (the [q | k | v] of a fused projection), each split on its own: shard i is the i-th slice
@@ -133,7 +157,8 @@ class ColumnParallelLinear(nn.Module):
     b) shard_rows(A, tp, r, chunks) and returns only its (..., out_features / tp) slice of y: the
     entrance of a TP region. forward: x (..., in_features), replicated on the group; with
     sequence_parallel, x is this rank's sequence shard (size s along seq_dim) and is all-gathered first
-    (the output then has tp * s positions).
+    (the output then has tp * s positions; backward gathers it again rather than keeping the gathered
+    copy: _SequenceGatheredLinear).
 
     chunks: out_features is that many blocks end to end (3 for a fused [q | k | v]), each sharded alone,
     so that every rank holds whole heads of each. Requires out_features % (chunks * tp) == 0.
@@ -164,11 +189,9 @@ class ColumnParallelLinear(nn.Module):
             self.bias.copy_(shard_rows(bias, self.tp, self.rank, self.chunks))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.sequence_parallel:
-            x = gather_from_sequence_shards(x, self.group, self.seq_dim)
-        else:
-            x = copy_to_tensor_region(x, self.group)
-        return F.linear(x, self.weight, self.bias)
+        if self.sequence_parallel and self.tp > 1:
+            return _SequenceGatheredLinear.apply(x, self.weight, self.bias, self.group, self.seq_dim)
+        return F.linear(copy_to_tensor_region(x, self.group), self.weight, self.bias)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features} (local "

@@ -77,7 +77,7 @@ def plot_compare(results: list[dict], path: str) -> str:
     ax_mem.bar([i - 0.2 for i in pos], mem, width=0.4, color="tab:orange", label="measured (live tensors)")
     estimates = [math.nan if r.get("estimate_mib_per_rank") is None else r["estimate_mib_per_rank"] for r in results]
     ax_mem.bar([i + 0.2 for i in pos], estimates, width=0.4, color="tab:gray",
-               label="ringzero.estimate (none for tensor-parallel runs yet)")
+               label="ringzero.estimate")
     ax_mem.set_xticks(pos, names, rotation=30, fontsize=8)
     ax_mem.set_ylabel("peak MiB, fullest rank")
     ax_mem.legend(fontsize=7)
