@@ -82,8 +82,11 @@ if [ $TORCH_CUDA = 1 ]; then
   export PYTHONPATH="$ROOT/python${PYTHONPATH:+:$PYTHONPATH}"
   "$PY" -c "import ringzero, ringzero._C as C; print(ringzero.__file__, 'has_cuda', C.has_cuda, 'has_nccl', C.has_nccl)"
   if want pytest; then
-    step 220 "3. Python GPU tests (fixed cases, fuzz, missing peer, multi-tensor Adam and its graph capture)" \
-      "$PY" -m pytest -q -rs tests/test_cuda.py tests/test_cuda_fuzz.py tests/test_cuda_timeout.py tests/test_adam_cuda.py
+    # test_backend_cuda: the "ringzero" c10d backend on CUDA tensors (ops at 2-3 processes, DDP/FSDP2 at 2 and 4,
+    # 10 training steps, a rank missing at the CUDA rendezvous); not yet timed on a GPU, hence the larger limit.
+    step 300 "3. Python GPU tests (fixed cases, fuzz, missing peer, multi-tensor Adam and its graph capture, c10d backend)" \
+      "$PY" -m pytest -q -rs tests/test_cuda.py tests/test_cuda_fuzz.py tests/test_cuda_timeout.py tests/test_adam_cuda.py \
+      tests/test_backend_cuda.py
   fi
   if want bench; then
     step 150 "4. CUDA benchmark" "$PY" benchmarks/bench_cuda.py --out "$RESULTS/bench_cuda_$STAMP.txt"

@@ -37,6 +37,7 @@ set(RINGZERO_TORCH_SOURCES
   csrc/torch/cuda_bindings.cpp
   csrc/torch/backend.cpp
   csrc/torch/backend_ops.cpp
+  csrc/torch/backend_cuda.cpp
   csrc/torch/backend_bindings.cpp
   csrc/torch/enum_bindings.cpp
 )

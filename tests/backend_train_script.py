@@ -21,54 +21,67 @@ CFG = GPTConfig(vocab_size=64, seq_len=16, n_layer=2, n_head=2, d_model=32, mlp_
 BATCH = 2
 
 
-def _batch(step: int, rank: int):
-    g = torch.Generator().manual_seed(1000 * step + rank)
-    tokens = torch.randint(0, CFG.vocab_size, (BATCH, CFG.seq_len + 1), generator=g)
+def _batch(step: int, ranks, device="cpu"):
+    """Rank r's batch of `step` for each r of `ranks` (an int: one rank), concatenated."""
+    parts = []
+    for rank in [ranks] if isinstance(ranks, int) else ranks:
+        g = torch.Generator().manual_seed(1000 * step + rank)
+        parts.append(torch.randint(0, CFG.vocab_size, (BATCH, CFG.seq_len + 1), generator=g))
+    tokens = torch.cat(parts).to(device)
     return tokens[:, :-1], tokens[:, 1:]
 
 
-def _model():
+def _model(device="cpu"):
     torch.manual_seed(0)  # the same initial parameters on every rank and for every run
-    return GPT(CFG)
+    return GPT(CFG).to(device)
 
 
-def _steps(model, optim, steps: int, rank: int):
+def _steps(model, optim, steps: int, ranks, device="cpu"):
     for step in range(steps):
-        x, y = _batch(step, rank)
+        x, y = _batch(step, ranks, device)
         optim.zero_grad(set_to_none=True)
         lm_loss(model(x), y).backward()
         optim.step()
 
 
-def train_ddp(group, steps: int = 20, python_hook: bool = False) -> torch.Tensor:
+def train_whole_batch(world: int, steps: int = 20, device="cpu") -> torch.Tensor:
+    """The reference of data parallelism: one process, no process group, training on the batches of all
+    `world` ranks at once (the mean loss over the whole batch has the gradient DDP and FSDP2 average)."""
+    model = _model(device)
+    optim = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    _steps(model, optim, steps, range(world), device)
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def train_ddp(group, steps: int = 20, python_hook: bool = False, device="cpu") -> torch.Tensor:
     """Stock torch DDP on `group` (AdamW); returns all parameters flattened (float32, 1D).
     python_hook: use torch's Python allreduce_hook, which chains on the Work's future."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    model = _model()
+    model = _model(device)
     # A small bucket cap gives several buckets, so several all-reduces overlap the backward pass.
     ddp = DDP(model, process_group=group, bucket_cap_mb=0.05)
     if python_hook:
         ddp.register_comm_hook(group, default_hooks.allreduce_hook)
     optim = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
-    _steps(ddp, optim, steps, dist.get_rank(group))
+    _steps(ddp, optim, steps, dist.get_rank(group), device)
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
-def train_fsdp2(group, steps: int = 20) -> torch.Tensor:
+def train_fsdp2(group, steps: int = 20, device="cpu") -> torch.Tensor:
     """Stock FSDP2 (fully_shard per block and at the root) on `group`; returns the full parameters
     flattened (gathered with DTensor.full_tensor, so through the group's all-gather)."""
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
 
-    mesh = DeviceMesh.from_group(group, "cpu")
-    model = _model()
+    mesh = DeviceMesh.from_group(group, torch.device(device).type)
+    model = _model(device)
     for block in model.blocks:
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
     optim = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    _steps(model, optim, steps, dist.get_rank(group))
+    _steps(model, optim, steps, dist.get_rank(group), device)
     return torch.cat([p.full_tensor().detach().reshape(-1) for p in model.parameters()])
 
 

@@ -41,18 +41,22 @@ size_t RingzeroBackend::p2p_slot_bytes() const { return std::min(config_.slot_by
 
 RingzeroBackend::RingzeroBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                  BackendConfig config, c10::intrusive_ptr<c10d::Backend> cpu_fallback,
-                                 c10::intrusive_ptr<c10d::Backend> cuda_fallback)
+                                 c10::intrusive_ptr<c10d::Backend> cuda_fallback, CudaSetup cuda_setup)
     : c10d::Backend(rank, size),
       config_(std::move(config)),
       cpu_fallback_(std::move(cpu_fallback)),
-      cuda_fallback_(std::move(cuda_fallback)) {
+      cuda_fallback_(std::move(cuda_fallback)),
+      cuda_setup_(std::move(cuda_setup)) {
   TORCH_CHECK_VALUE(cpu_fallback_, "ringzero backend needs an inner CPU backend (gloo) for the ops it hands on");
   TORCH_CHECK_VALUE(config_.timeout_s > 0, "timeout must be positive, got ", config_.timeout_s, " s");
   init();
   rendezvous(store);
 }
 
-RingzeroBackend::~RingzeroBackend() { stop_executors(); }
+RingzeroBackend::~RingzeroBackend() {
+  close_cuda();
+  stop_executors();
+}
 
 void RingzeroBackend::stop_executors() {
   executor_.stop();
@@ -147,36 +151,88 @@ void RingzeroBackend::rendezvous(const c10::intrusive_ptr<c10d::Store>& store) {
   }
 }
 
-void RingzeroBackend::count(std::map<std::string, int64_t>& table, const char* op) {
+void RingzeroBackend::count(bool native, c10::DeviceType device_type, const char* op) {
   std::lock_guard<std::mutex> lock(stats_mu_);
-  if (table[op]++ == 0 && &table == &fallback_calls_)
-    debug_log(std::string(op) + " is handed to the inner backend (first call on group rank " +
-              std::to_string(getRank()) + ")");
+  if (calls_[{native, device_type}][op]++ == 0 && !native)
+    debug_log(std::string(op) + " on " + c10::DeviceTypeName(device_type, true) +
+              " tensors is handed to the inner backend (first call on group rank " + std::to_string(getRank()) + ")");
 }
 
-std::map<std::string, std::map<std::string, int64_t>> RingzeroBackend::stats() const {
+std::map<std::string, std::map<std::string, int64_t>> RingzeroBackend::stats(c10::DeviceType device_type) const {
   std::lock_guard<std::mutex> lock(stats_mu_);
-  return {{"native", native_calls_}, {"fallback", fallback_calls_}};
+  auto table = [&](bool native) {
+    auto it = calls_.find({native, device_type});
+    return it == calls_.end() ? std::map<std::string, int64_t>{} : it->second;
+  };
+  return {{"native", table(true)}, {"fallback", table(false)}};
 }
 
-c10d::Backend* RingzeroBackend::route(const at::Device& device, const char* op, bool native_ok) {
+c10d::Backend* RingzeroBackend::route(const at::Device& device, const char* op, bool native_ok, bool collective) {
   if (device.is_cpu()) {
-    if (shm_ && native_ok) {
-      count(native_calls_, op);
-      return nullptr;
-    }
-    count(fallback_calls_, op);
-    return cpu_fallback_.get();
+    count(shm_ && native_ok, device.type(), op);
+    return shm_ && native_ok ? nullptr : cpu_fallback_.get();
   }
   if (device.is_cuda()) {
-    // Until the CUDA collectives land, CUDA tensors always go to NCCL.
-    TORCH_CHECK_VALUE(cuda_fallback_, "ringzero ", op, ": got a CUDA tensor, but this process group has no CUDA "
-                      "backend (torch without NCCL, or no GPU when the group was created); use CPU tensors or "
-                      "init_process_group('cpu:ringzero,cuda:nccl')");
-    count(fallback_calls_, op);
+    CudaLane* lane = cuda_lane(device, op, collective);
+    if (lane && !lane->peers().spans_hosts && native_ok) {
+      count(true, device.type(), op);
+      return nullptr;
+    }
+    TORCH_CHECK_VALUE(!(lane && lane->peers().shares_gpu), "ringzero ", op, ": ringzero's CUDA kernels do not run ",
+                      "this op with these arguments (an op, dtype, reduce op or layout they lack, or uneven sizes), and "
+                      "the inner NCCL backend cannot: ranks of this group share one GPU. Use CPU tensors for this op, "
+                      "or one GPU per rank");
+    TORCH_CHECK_VALUE(cuda_fallback_, "ringzero ", op, ": got a CUDA tensor that ringzero's CUDA kernels do not take ",
+                      lane ? "(an op, dtype, reduce op or layout they lack, uneven sizes, or a group spanning hosts)"
+                           : "(this build or machine has no CUDA path)",
+                      ", and this process group has no NCCL backend to hand it to (torch without NCCL, or no GPU "
+                      "when the group was created); use CPU tensors or init_process_group('cpu:ringzero,cuda:nccl')");
+    count(false, device.type(), op);
     return cuda_fallback_.get();
   }
   TORCH_CHECK_VALUE(false, "ringzero ", op, ": tensors on ", device, " are not supported; use CPU or CUDA tensors");
+}
+
+CudaLane* RingzeroBackend::cuda_lane(const at::Device& device, const char* op, bool may_set_up) {
+  std::lock_guard<std::mutex> lock(cuda_mu_);
+  if (!cuda_ && may_set_up && cuda_setup_) {
+    // Once, whatever happens: the setup is a rendezvous, and a second try would meet stale keys.
+    CudaSetup setup = std::move(cuda_setup_);
+    cuda_setup_ = nullptr;
+    const int index = device.has_index() ? device.index() : 0;
+    try {
+      cuda_ = make_cuda_lane(setup(index), index);
+    } catch (const std::exception& e) {
+      cuda_setup_error_ = e.what();
+      throw;
+    }
+  }
+  TORCH_CHECK(cuda_ || cuda_setup_error_.empty(), "ringzero ", op, ": the CUDA path of this group failed to set up "
+              "at its first CUDA op: ", cuda_setup_error_);
+  if (!cuda_) return nullptr;
+  TORCH_CHECK_VALUE(!device.has_index() || device.index() == cuda_->device_index(), "ringzero ", op,
+                    ": tensor is on ", device, " but this group's CUDA collectives run on cuda:",
+                    cuda_->device_index(), " (the device of its first CUDA op); use one device per rank");
+  return cuda_.get();
+}
+
+// A peer's last kernel may still write a flag into this rank's staging (a ring credit): every rank
+// finishes its CUDA work and meets the others (a shared-memory barrier; the lane exists only on one
+// host) before its communicator is freed. A peer that never comes costs one timeout, then we free.
+void RingzeroBackend::close_cuda() {
+  std::shared_ptr<CudaLane> lane;
+  {
+    std::lock_guard<std::mutex> lock(cuda_mu_);
+    lane = std::move(cuda_);
+    cuda_ = nullptr;
+  }
+  if (!lane) return;
+  try {
+    lane->synchronize();
+    if (shm_) enqueue(c10d::OpType::BARRIER, {}, to_ms(config_.timeout_s), [](ShmComm& c) { c.barrier(); })->wait();
+  } catch (const std::exception& e) {
+    debug_log(std::string("closing the CUDA lane: ") + e.what());
+  }
 }
 
 c10::intrusive_ptr<c10d::Work> RingzeroBackend::enqueue_on(SerialExecutor& executor, c10d::OpType type,
@@ -205,6 +261,7 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::enqueue(c10d::OpType type, std::
 }
 
 void RingzeroBackend::shutdown() {
+  close_cuda();
   stop_executors();
   cpu_fallback_->shutdown();
   if (cuda_fallback_) cuda_fallback_->shutdown();
@@ -261,12 +318,12 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::alltoall(std::vector<at::Tensor>
 }
 
 c10::intrusive_ptr<c10d::Work> RingzeroBackend::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
-  return route(first(tensors, "recvAnysource").device(), "recvAnysource", false)->recvAnysource(tensors, tag);
+  return route(first(tensors, "recvAnysource").device(), "recvAnysource", false, false)->recvAnysource(tensors, tag);
 }
 
 void RingzeroBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {
   // gloo's monitored barrier names the ranks that did not arrive; that is what the caller wants.
-  count(fallback_calls_, "monitoredBarrier");
+  count(false, c10::DeviceType::CPU, "monitoredBarrier");
   cpu_fallback_->monitoredBarrier(opts, wait_all_ranks);
 }
 

@@ -5,9 +5,11 @@
 // channels of csrc/core/shm_p2p.h, on one thread per peer and direction (so that a send waiting
 // for its receiver never holds up a collective or a message to another peer). Everything else is handed to an inner
 // backend built by the Python creator from the same store: gloo for CPU tensors (ops we do not
-// implement, dtypes or reduce ops our kernels lack, groups spanning hosts), NCCL for CUDA tensors
-// (until the CUDA collectives land). Each op that falls back says so once at c10d debug level, and
-// stats() counts both routes so tests can tell which one ran.
+// implement, dtypes or reduce ops our kernels lack, groups spanning hosts). CUDA tensors of a group on
+// one host run on the CUDA peer-memory kernels through a lane set up at the first CUDA op
+// ([Note: CUDA tensors in the backend], backend_cuda.h); the rest goes to NCCL. Each op that falls
+// back says so once at c10d debug level, and stats() counts both routes per device so tests can tell
+// which one ran.
 #pragma once
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -20,6 +22,7 @@
 
 #include "core/shm_comm.h"
 #include "core/shm_p2p.h"
+#include "backend_cuda.h"
 #include "backend_work.h"
 
 namespace ringzero {
@@ -36,15 +39,17 @@ struct BackendConfig {
 class RingzeroBackend : public c10d::Backend {
  public:
   // Collective over the group: every rank constructs it with the same store (already prefixed for
-  // this group). `cpu_fallback` is required; `cuda_fallback` may be null (no CUDA here).
+  // this group). `cpu_fallback` is required; `cuda_fallback` may be null (no NCCL here); `cuda_setup`
+  // is empty where this build or machine has no CUDA path (CUDA ops then all go to `cuda_fallback`).
   RingzeroBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, BackendConfig config,
-                  c10::intrusive_ptr<c10d::Backend> cpu_fallback, c10::intrusive_ptr<c10d::Backend> cuda_fallback);
+                  c10::intrusive_ptr<c10d::Backend> cpu_fallback, c10::intrusive_ptr<c10d::Backend> cuda_fallback,
+                  CudaSetup cuda_setup = {});
   ~RingzeroBackend() override;
 
   const std::string getBackendName() const override { return "ringzero"; }
   bool uses_shared_memory() const { return shm_ != nullptr; }
-  // {"native": {op: calls}, "fallback": {op: calls}}, as plain maps.
-  std::map<std::string, std::map<std::string, int64_t>> stats() const;
+  // {"native": {op: calls}, "fallback": {op: calls}} for tensors of `device_type`, as plain maps.
+  std::map<std::string, std::map<std::string, int64_t>> stats(c10::DeviceType device_type) const;
 
   // Ours on the shared-memory path.
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
@@ -99,8 +104,18 @@ class RingzeroBackend : public c10d::Backend {
  private:
   // Which backend runs an op on tensors of `device`: null for ours, else the inner one. `native_ok`
   // is false when our kernels cannot take these arguments (dtype, reduce op, layout, uneven sizes).
-  c10d::Backend* route(const at::Device& device, const char* op, bool native_ok);
-  void count(std::map<std::string, int64_t>& table, const char* op);
+  // `collective`: every rank calls it, so it may set up the CUDA lane (send/recv pass false).
+  c10d::Backend* route(const at::Device& device, const char* op, bool native_ok, bool collective = true);
+  void count(bool native, c10::DeviceType device_type, const char* op);
+  // The CUDA lane on `device`, set up at the first CUDA collective when `may_set_up`; null when this
+  // group has no CUDA path. Throws if the setup failed or `device` is not the lane's.
+  CudaLane* cuda_lane(const at::Device& device, const char* op, bool may_set_up);
+  void close_cuda();
+  // Runs body(comm) on ringzero's communicator for `device`: the shared-memory worker thread (CPU) or
+  // the CUDA lane; `inputs` are the CUDA tensors read besides `outputs`. Defined in backend_ops.cpp.
+  template <class Body>
+  c10::intrusive_ptr<c10d::Work> submit(const at::Device& device, c10d::OpType type, std::vector<at::Tensor> outputs,
+                                        std::vector<at::Tensor> inputs, std::chrono::milliseconds timeout, Body body);
   // Queues fn(shm) on the collectives' worker thread; the returned Work completes with `outputs`.
   c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, std::vector<at::Tensor> outputs,
                                          std::chrono::milliseconds timeout, std::function<void(ShmComm&)> fn);
@@ -120,8 +135,11 @@ class RingzeroBackend : public c10d::Backend {
   std::unique_ptr<ShmP2P> p2p_;   // likewise
   uint64_t seq_ = 0;              // collectives queued on the shared-memory path
   mutable std::mutex stats_mu_;
-  std::map<std::string, int64_t> native_calls_;
-  std::map<std::string, int64_t> fallback_calls_;
+  std::map<std::pair<bool, c10::DeviceType>, std::map<std::string, int64_t>> calls_;  // (native, device) -> op -> n
+  std::mutex cuda_mu_;
+  CudaSetup cuda_setup_;         // handed by Python; run once, then dropped
+  std::string cuda_setup_error_;  // why the setup failed, repeated to every later CUDA op
+  std::shared_ptr<CudaLane> cuda_;
   // Last: destroyed (drained) before the communicators they use.
   SerialExecutor executor_;
   std::mutex peers_mu_;

@@ -44,6 +44,22 @@ c10::intrusive_ptr<T> share(T* p) {
   return p ? c10::intrusive_ptr<T>::unsafe_reclaim_from_nonowning(p) : c10::intrusive_ptr<T>();
 }
 
+// The Python setup function of the CUDA lane as the backend's CudaSetup: called with the GIL taken
+// (c10d ops arrive without it); its result is a ringzero._C.CudaBackendPeers (cuda_bindings.cpp). The
+// function object is dropped with the GIL held, and leaked if Python is already finalising.
+ringzero::CudaSetup cuda_setup_of(py::object fn) {
+  if (fn.is_none()) return {};
+  std::shared_ptr<py::object> held(new py::object(std::move(fn)), [](py::object* p) {
+    if (!Py_IsInitialized()) return;
+    py::gil_scoped_acquire gil;
+    delete p;
+  });
+  return [held](int device_index) {
+    py::gil_scoped_acquire gil;
+    return (*held)(device_index).cast<ringzero::CudaPeers>();
+  };
+}
+
 }  // namespace
 
 PYBIND11_DECLARE_HOLDER_TYPE(T, NoGilPtr<T>, true)
@@ -67,16 +83,20 @@ void bind_backend(py::module_& m) {
   py::class_<RingzeroBackend, c10d::Backend, NoGilPtr<RingzeroBackend>>(m, "RingzeroBackend",
                                                                          "ringzero's c10d backend (see backend.h)")
       .def(py::init([](c10d::Store* store, int rank, int size, const ringzero::BackendConfig& config,
-                       c10d::Backend* cpu_fallback, c10d::Backend* cuda_fallback) {
+                       c10d::Backend* cpu_fallback, c10d::Backend* cuda_fallback, py::object cuda_setup) {
              TORCH_CHECK_VALUE(store, "store must not be None");
+             ringzero::CudaSetup setup = cuda_setup_of(std::move(cuda_setup));
+             py::gil_scoped_release nogil;  // the rendezvous waits for every rank
              return NoGilPtr<RingzeroBackend>(c10::make_intrusive<RingzeroBackend>(
-                 share(store), rank, size, config, share(cpu_fallback), share(cuda_fallback)));
+                 share(store), rank, size, config, share(cpu_fallback), share(cuda_fallback), std::move(setup)));
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("config"), py::arg("cpu_fallback"),
-           py::arg("cuda_fallback") = nullptr, py::call_guard<py::gil_scoped_release>(),
-           "Collective over the group: rendezvous of the shared-memory segment through `store`.")
+           py::arg("cuda_fallback") = nullptr, py::arg("cuda_setup") = py::none(),
+           "Collective over the group: rendezvous of the shared-memory segment through `store`. cuda_setup(device_index) "
+           "-> CudaBackendPeers is called once, at the first CUDA collective (comm/backend.py).")
       .def_property_readonly("uses_shared_memory", &RingzeroBackend::uses_shared_memory,
                              "False when the group spans hosts (every op then goes to the inner backend)")
-      .def("stats", &RingzeroBackend::stats,
-           "{'native': {op: calls}, 'fallback': {op: calls}}: which ops ran on our kernels");
+      .def("stats", [](const RingzeroBackend& b, const std::string& device) { return b.stats(c10::Device(device).type()); },
+           py::arg("device") = "cpu",
+           "{'native': {op: calls}, 'fallback': {op: calls}}: which ops on tensors of `device` ran on our kernels");
 }

@@ -1,7 +1,9 @@
-// The collectives RingzeroBackend runs itself, on the shared-memory communicator (csrc/core). Each op
-// validates its arguments on the caller's thread (a clear ValueError/TypeError naming the argument),
-// decides whether our kernels can take it, and queues the work; non-contiguous tensors are staged
-// through a contiguous copy on the worker thread, so that ops queued earlier have written them first.
+// The collectives RingzeroBackend runs itself: CPU tensors on the shared-memory communicator (csrc/core),
+// CUDA tensors on the CUDA lane (backend_cuda.h). Each op validates its arguments on the caller's thread
+// (a clear ValueError/TypeError naming the argument), decides whether our kernels on that device can
+// take it, and submits one body written against ShmComm's vocabulary, which both communicators speak.
+// Non-contiguous tensors are staged through a contiguous copy inside the body: on the worker thread
+// (CPU), so that ops queued earlier have written them first, or on the lane's stream (CUDA).
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -26,6 +28,15 @@ Elements movement(const at::Tensor& t) {
 }
 
 bool dense(const at::Tensor& t) { return t.layout() == at::kStrided; }
+
+// Data movement our kernels on t's device take: any dense tensor on CPU; on CUDA, a dtype the kernels
+// know or a whole number of 32-bit words (the CUDA lane moves other dtypes as words).
+bool movable(const at::Tensor& t) {
+  if (!dense(t)) return false;
+  if (!t.is_cuda()) return true;
+  const auto d = core_dtype(t.scalar_type());
+  return (d && cuda_reducible(*d)) || (t.numel() * t.element_size()) % 4 == 0;
+}
 
 const at::Tensor& single(const std::vector<at::Tensor>& ts, const char* op, const char* arg = "tensors") {
   TORCH_CHECK_VALUE(ts.size() == 1, "ringzero ", op, ": ", arg, " must hold exactly one tensor per rank, got ",
@@ -56,6 +67,8 @@ struct Reduction {
     if (!premul) return t.contiguous();
     return (factor_tensor.defined() ? t.mul(factor_tensor.to(t.device())) : t.mul(factor)).contiguous();
   }
+  // Whether our kernels on the device of `t` reduce it (the CUDA ones take five of the eight dtypes).
+  bool native_on(const at::Tensor& t) const { return native && (!t.is_cuda() || cuda_reducible(dtype)); }
 };
 
 Reduction reduction(const c10d::ReduceOp& rop, const std::vector<at::Tensor>& ts, const char* op) {
@@ -106,7 +119,8 @@ void write_back(const at::Tensor& user, const at::Tensor& buf) {
 // A contiguous output for the kernels to write (the tensor itself when it already is one).
 at::Tensor writable(const at::Tensor& t) { return t.is_contiguous() ? t : at::empty(t.sizes(), t.options()); }
 
-void all_gather_one(ShmComm& c, const at::Tensor& input, const at::Tensor& output) {
+template <class Comm>
+void all_gather_one(Comm& c, const at::Tensor& input, const at::Tensor& output) {
   at::Tensor in = input.contiguous();
   at::Tensor out = writable(output);
   const Elements e = movement(input);
@@ -114,7 +128,8 @@ void all_gather_one(ShmComm& c, const at::Tensor& input, const at::Tensor& outpu
   write_back(output, out);
 }
 
-void reduce_scatter_one(ShmComm& c, const Reduction& red, const at::Tensor& input, const at::Tensor& output) {
+template <class Comm>
+void reduce_scatter_one(Comm& c, const Reduction& red, const at::Tensor& input, const at::Tensor& output) {
   at::Tensor in = red.stage(input);
   at::Tensor out = writable(output);
   c.reduce_scatter(in.data_ptr(), out.data_ptr(), out.numel(), red.dtype, red.op);
@@ -137,13 +152,25 @@ void split_into(const at::Tensor& flat, const std::vector<at::Tensor>& ts) {
 
 }  // namespace
 
+template <class Body>
+c10::intrusive_ptr<c10d::Work> RingzeroBackend::submit(const at::Device& device, c10d::OpType type,
+                                                       std::vector<at::Tensor> outputs, std::vector<at::Tensor> inputs,
+                                                       std::chrono::milliseconds timeout, Body body) {
+  if (device.is_cuda()) {  // route() set the lane up; the kernels' timeout is RINGZERO_TIMEOUT_S
+    std::vector<at::Tensor> used = outputs;
+    used.insert(used.end(), inputs.begin(), inputs.end());
+    return cuda_->launch(type, std::move(outputs), used, ++seq_, [body](CudaComm& c) { body(c); });
+  }
+  return enqueue(type, std::move(outputs), timeout, [body](ShmComm& c) { body(c); });
+}
+
 c10::intrusive_ptr<c10d::Work> RingzeroBackend::allreduce(std::vector<at::Tensor>& tensors,
                                                           const c10d::AllreduceOptions& opts) {
   const at::Tensor& t = single(tensors, "allreduce");
   const Reduction red = reduction(opts.reduceOp, tensors, "allreduce");
-  if (auto* inner = route(t.device(), "allreduce", red.native)) return inner->allreduce(tensors, opts);
+  if (auto* inner = route(t.device(), "allreduce", red.native_on(t))) return inner->allreduce(tensors, opts);
   const AllReduceAlgo algo = config_.all_reduce_algo;
-  return enqueue(c10d::OpType::ALLREDUCE, {t}, opts.timeout, [t, red, algo](ShmComm& c) {
+  return submit(t.device(), c10d::OpType::ALLREDUCE, {t}, {}, opts.timeout, [t, red, algo](auto& c) {
     at::Tensor buf = red.stage(t);
     c.all_reduce(buf.data_ptr(), buf.data_ptr(), buf.numel(), red.dtype, red.op, algo);
     write_back(t, buf);
@@ -154,11 +181,12 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::allreduce_coalesced(std::vector<
                                                                     const c10d::AllreduceCoalescedOptions& opts) {
   TORCH_CHECK_VALUE(!tensors.empty(), "ringzero allreduce_coalesced: tensors must not be empty");
   const Reduction red = reduction(opts.reduceOp, tensors, "allreduce_coalesced");
-  if (auto* inner = route(tensors[0].device(), "allreduce_coalesced", red.native))
+  if (auto* inner = route(tensors[0].device(), "allreduce_coalesced", red.native_on(tensors[0])))
     return inner->allreduce_coalesced(tensors, opts);
   const AllReduceAlgo algo = config_.all_reduce_algo;
   // One collective over the concatenation: one synchronisation for many small tensors.
-  return enqueue(c10d::OpType::ALLREDUCE_COALESCED, tensors, opts.timeout, [tensors, red, algo](ShmComm& c) {
+  return submit(tensors[0].device(), c10d::OpType::ALLREDUCE_COALESCED, tensors, {}, opts.timeout,
+                [tensors, red, algo](auto& c) {
     std::vector<at::Tensor> staged;
     for (const auto& t : tensors) staged.push_back(red.premul ? red.stage(t) : t);
     at::Tensor flat = flat_cat(staged);
@@ -174,9 +202,9 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::reduce(std::vector<at::Tensor>& 
                     " is outside the group of size ", getSize());
   TORCH_CHECK_VALUE(opts.rootTensor == 0, "ringzero reduce: rootTensor must be 0 (one tensor per rank)");
   const Reduction red = reduction(opts.reduceOp, tensors, "reduce");
-  if (auto* inner = route(t.device(), "reduce", red.native)) return inner->reduce(tensors, opts);
+  if (auto* inner = route(t.device(), "reduce", red.native_on(t))) return inner->reduce(tensors, opts);
   const int root = static_cast<int>(opts.rootRank);
-  return enqueue(c10d::OpType::REDUCE, {t}, opts.timeout, [t, red, root](ShmComm& c) {
+  return submit(t.device(), c10d::OpType::REDUCE, {t}, {}, opts.timeout, [t, red, root](auto& c) {
     at::Tensor buf = red.stage(t);
     c.reduce(buf.data_ptr(), buf.data_ptr(), buf.numel(), red.dtype, red.op, root);
     if (c.rank() == root) write_back(t, buf);
@@ -191,7 +219,7 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::broadcast(std::vector<at::Tensor
   TORCH_CHECK_VALUE(opts.rootTensor == 0, "ringzero broadcast: rootTensor must be 0 (one tensor per rank)");
   if (auto* inner = route(t.device(), "broadcast", dense(t))) return inner->broadcast(tensors, opts);
   const int root = static_cast<int>(opts.rootRank);
-  return enqueue(c10d::OpType::BROADCAST, {t}, opts.timeout, [t, root](ShmComm& c) {
+  return submit(t.device(), c10d::OpType::BROADCAST, {t}, {}, opts.timeout, [t, root](auto& c) {
     at::Tensor buf = t.contiguous();
     const Elements e = movement(t);
     c.broadcast(buf.data_ptr(), buf.numel() * e.per_element, e.dtype, root);
@@ -205,10 +233,10 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::_allgather_base(at::Tensor& outp
   TORCH_CHECK_VALUE(output.numel() == input.numel() * getSize(), "ringzero all_gather_into_tensor: output has ",
                     output.numel(), " elements but must have world_size * input.numel() = ", getSize(), " * ",
                     input.numel());
-  if (auto* inner = route(input.device(), "all_gather_into_tensor", dense(input) && dense(output)))
+  if (auto* inner = route(input.device(), "all_gather_into_tensor", movable(input) && dense(output)))
     return inner->_allgather_base(output, input, opts);
-  return enqueue(c10d::OpType::_ALLGATHER_BASE, {output}, opts.timeout,
-                 [output, input](ShmComm& c) { all_gather_one(c, input, output); });
+  return submit(input.device(), c10d::OpType::_ALLGATHER_BASE, {output}, {input}, opts.timeout,
+                [output, input](auto& c) { all_gather_one(c, input, output); });
 }
 
 c10::intrusive_ptr<c10d::Work> RingzeroBackend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
@@ -222,11 +250,11 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::allgather_into_tensor_coalesced(
     same_kind(inputs[i], outputs[i], "allgather_into_tensor_coalesced", "an output");
     TORCH_CHECK_VALUE(outputs[i].numel() == inputs[i].numel() * getSize(), "ringzero allgather_into_tensor_coalesced: "
                       "outputs[", i, "] must have world_size * inputs[", i, "].numel() elements");
-    ok = ok && dense(inputs[i]) && dense(outputs[i]);
+    ok = ok && movable(inputs[i]) && dense(outputs[i]);
   }
   if (auto* inner = route(inputs[0].device(), "allgather_into_tensor_coalesced", ok))
     return inner->allgather_into_tensor_coalesced(outputs, inputs, opts);
-  return enqueue(c10d::OpType::COALESCED, outputs, opts.timeout, [outputs, inputs](ShmComm& c) {
+  return submit(inputs[0].device(), c10d::OpType::COALESCED, outputs, inputs, opts.timeout, [outputs, inputs](auto& c) {
     for (size_t i = 0; i < inputs.size(); ++i) all_gather_one(c, inputs[i], outputs[i]);
   });
 }
@@ -238,7 +266,7 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::allgather(std::vector<std::vecto
   TORCH_CHECK_VALUE(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == getSize(),
                     "ringzero all_gather: tensor_list must hold world_size = ", getSize(), " tensors");
   std::vector<size_t> counts;
-  bool ok = dense(input);
+  bool ok = movable(input);
   for (const auto& o : outputs[0]) {
     same_kind(input, o, "all_gather", "a tensor of tensor_list");
     counts.push_back(static_cast<size_t>(o.numel()));
@@ -246,14 +274,16 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::allgather(std::vector<std::vecto
   }
   TORCH_CHECK_VALUE(counts[getRank()] == static_cast<size_t>(input.numel()), "ringzero all_gather: tensor_list[",
                     getRank(), "] has ", counts[getRank()], " elements but this rank's input has ", input.numel());
-  if (auto* inner = route(input.device(), "all_gather", ok)) return inner->allgather(outputs, inputs, opts);
+  const bool even = std::all_of(counts.begin(), counts.end(), [&](size_t n) { return n == counts[0]; });
+  // Uneven sizes are the inner backend's on CUDA (the CUDA lane has no all_gather_v).
+  if (auto* inner = route(input.device(), "all_gather", ok && (even || !input.is_cuda())))
+    return inner->allgather(outputs, inputs, opts);
   const std::vector<at::Tensor> outs = outputs[0];
-  return enqueue(c10d::OpType::ALLGATHER, outs, opts.timeout, [outs, input, counts](ShmComm& c) {
+  return submit(input.device(), c10d::OpType::ALLGATHER, outs, {input}, opts.timeout, [outs, input, counts, even](auto& c) {
     const Elements e = movement(input);
     at::Tensor in = input.contiguous();
     const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
     at::Tensor flat = at::empty({static_cast<int64_t>(total)}, input.options());
-    const bool even = std::all_of(counts.begin(), counts.end(), [&](size_t n) { return n == counts[0]; });
     if (even) {
       c.all_gather(in.data_ptr(), flat.data_ptr(), in.numel() * e.per_element, e.dtype);
     } else {  // uneven sizes are allowed: the sizes of tensor_list say who sends what
@@ -272,10 +302,10 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::_reduce_scatter_base(at::Tensor&
                     input.numel(), " elements but must have world_size * output.numel() = ", getSize(), " * ",
                     output.numel());
   const Reduction red = reduction(opts.reduceOp, {input}, "reduce_scatter_tensor");
-  if (auto* inner = route(input.device(), "reduce_scatter_tensor", red.native && dense(output)))
+  if (auto* inner = route(input.device(), "reduce_scatter_tensor", red.native_on(input) && dense(output)))
     return inner->_reduce_scatter_base(output, input, opts);
-  return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, {output}, opts.timeout,
-                 [output, input, red](ShmComm& c) { reduce_scatter_one(c, red, input, output); });
+  return submit(input.device(), c10d::OpType::_REDUCE_SCATTER_BASE, {output}, {input}, opts.timeout,
+                [output, input, red](auto& c) { reduce_scatter_one(c, red, input, output); });
 }
 
 c10::intrusive_ptr<c10d::Work> RingzeroBackend::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
@@ -289,12 +319,12 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::reduce_scatter_tensor_coalesced(
                       "inputs[", i, "] must have world_size * outputs[", i, "].numel() elements");
   }
   const Reduction red = reduction(opts.reduceOp, inputs, "reduce_scatter_tensor_coalesced");
-  bool ok = red.native;
+  bool ok = red.native_on(inputs[0]);
   for (const auto& o : outputs) ok = ok && dense(o);
   if (auto* inner = route(inputs[0].device(), "reduce_scatter_tensor_coalesced", ok))
     return inner->reduce_scatter_tensor_coalesced(outputs, inputs, opts);
-  return enqueue(torch_compat::kReduceScatterTensorCoalesced, outputs, opts.timeout,
-                 [outputs, inputs, red](ShmComm& c) {
+  return submit(inputs[0].device(), torch_compat::kReduceScatterTensorCoalesced, outputs, inputs, opts.timeout,
+                [outputs, inputs, red](auto& c) {
                    for (size_t i = 0; i < inputs.size(); ++i) reduce_scatter_one(c, red, inputs[i], outputs[i]);
                  });
 }
@@ -311,9 +341,9 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::reduce_scatter(std::vector<at::T
   bool even = dense(output);
   for (const auto& i : ins) even = even && i.numel() == output.numel();
   // Uneven blocks are the inner backend's (our reduce-scatter takes equal blocks).
-  if (auto* inner = route(output.device(), "reduce_scatter", red.native && even))
+  if (auto* inner = route(output.device(), "reduce_scatter", red.native_on(output) && even))
     return inner->reduce_scatter(outputs, inputs, opts);
-  return enqueue(c10d::OpType::REDUCE_SCATTER, {output}, opts.timeout, [output, ins, red](ShmComm& c) {
+  return submit(output.device(), c10d::OpType::REDUCE_SCATTER, {output}, ins, opts.timeout, [output, ins, red](auto& c) {
     std::vector<at::Tensor> staged;
     for (const auto& i : ins) staged.push_back(red.premul ? red.stage(i) : i);
     Reduction staged_red = red;
@@ -326,7 +356,9 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::send(std::vector<at::Tensor>& te
   const at::Tensor& t = single(tensors, "send");
   TORCH_CHECK_VALUE(dst >= 0 && dst < getSize() && dst != getRank(), "ringzero send: dst ", dst,
                     " must be another rank of the group (size ", getSize(), ")");
-  if (auto* inner = route(t.device(), "send", p2p_ && tag == 0 && dense(t))) return inner->send(tensors, dst, tag);
+  // CUDA tensors: NCCL's (our CUDA path has no point-to-point channel yet).
+  if (auto* inner = route(t.device(), "send", t.is_cpu() && p2p_ && tag == 0 && dense(t), false))
+    return inner->send(tensors, dst, tag);
   const double timeout_s = config_.timeout_s;
   return enqueue_on(peer_executor(true, dst), c10d::OpType::SEND, {t}, [this, t, dst, timeout_s] {
     at::Tensor buf = t.contiguous();
@@ -338,7 +370,8 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::recv(std::vector<at::Tensor>& te
   const at::Tensor& t = single(tensors, "recv");
   TORCH_CHECK_VALUE(src >= 0 && src < getSize() && src != getRank(), "ringzero recv: src ", src,
                     " must be another rank of the group (size ", getSize(), ")");
-  if (auto* inner = route(t.device(), "recv", p2p_ && tag == 0 && dense(t))) return inner->recv(tensors, src, tag);
+  if (auto* inner = route(t.device(), "recv", t.is_cpu() && p2p_ && tag == 0 && dense(t), false))
+    return inner->recv(tensors, src, tag);
   const double timeout_s = config_.timeout_s;
   return enqueue_on(peer_executor(false, src), c10d::OpType::RECV, {t}, [this, t, src, timeout_s] {
     at::Tensor buf = writable(t);
@@ -347,9 +380,20 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::recv(std::vector<at::Tensor>& te
   });
 }
 
+// A host barrier on shared memory (it blocks the host until every rank arrived, which is what callers of
+// dist.barrier want). When the group has a CUDA lane, each rank first waits for its CUDA work queued so
+// far (the current stream's and the lane's), so that, as after NCCL's barrier, it has finished.
 c10::intrusive_ptr<c10d::Work> RingzeroBackend::barrier(const c10d::BarrierOptions& opts) {
   if (auto* inner = route(at::Device(at::kCPU), "barrier", true)) return inner->barrier(opts);
-  return enqueue(c10d::OpType::BARRIER, {}, opts.timeout, [](ShmComm& c) { c.barrier(); });
+  std::function<void()> cuda_done;
+  {
+    std::lock_guard<std::mutex> lock(cuda_mu_);
+    if (cuda_) cuda_done = cuda_->host_fence();
+  }
+  return enqueue(c10d::OpType::BARRIER, {}, opts.timeout, [cuda_done](ShmComm& c) {
+    if (cuda_done) cuda_done();
+    c.barrier();
+  });
 }
 
 }  // namespace ringzero

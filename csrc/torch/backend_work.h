@@ -15,15 +15,34 @@
 
 namespace ringzero {
 
-class RingzeroWork : public c10d::Work {
+// What every Work of the backend carries: the tensors the collective writes, which are its future's
+// value (a list of tensors, the type gloo's and NCCL's futures carry) and stay alive until completion;
+// the future (CUDA-aware, on `devices`, for the CUDA lane); the sequence number.
+class OutputsWork : public c10d::Work {
  public:
-  // `outputs` are the tensors the collective writes; they are the future's value (a list of tensors,
-  // the same type gloo's and NCCL's futures carry) and keep the memory alive until completion.
-  RingzeroWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs, uint64_t seq)
+  OutputsWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs, uint64_t seq,
+              std::vector<c10::Device> devices = {})
       : c10d::Work(rank, type),
         outputs_(std::move(outputs)),
-        future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))),
+        future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
+                                                          std::move(devices))),
         seq_(seq) {}
+
+  std::vector<at::Tensor> result() override { return outputs_; }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  uint64_t getSequencenumber() const override { return seq_; }
+
+ protected:
+  std::vector<at::Tensor> outputs_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  uint64_t seq_;
+};
+
+// A shared-memory op (or a send/recv), completed by the worker thread that ran it.
+class RingzeroWork : public OutputsWork {
+ public:
+  RingzeroWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs, uint64_t seq)
+      : OutputsWork(rank, type, std::move(outputs), seq) {}
 
   // Called once, on the worker thread. The future completes first so that its callbacks have run
   // (or are running) by the time wait() returns, as with ProcessGroupGloo.
@@ -48,15 +67,6 @@ class RingzeroWork : public c10d::Work {
     if (exception_) std::rethrow_exception(exception_);
     return true;
   }
-
-  std::vector<at::Tensor> result() override { return outputs_; }
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
-  uint64_t getSequencenumber() const override { return seq_; }
-
- private:
-  std::vector<at::Tensor> outputs_;
-  c10::intrusive_ptr<c10::ivalue::Future> future_;
-  uint64_t seq_;
 };
 
 // Runs submitted tasks one at a time, in submission order, on one lazily started thread. Every rank

@@ -23,6 +23,7 @@ void bind_cuda(py::module_& m) {
 #include <string>
 #include <vector>
 
+#include "backend_cuda.h"
 #include "core/errors.h"
 #include "cuda/peer_comm.h"
 #include "cuda/reduce.h"
@@ -202,10 +203,11 @@ void bind_cuda(py::module_& m) {
       py::arg("dst"), py::arg("srcs"), py::arg("op"), py::arg("divisor") = 1,
       "dst = op(srcs...) on the current stream (CUDA tensors); Avg: op=SUM with divisor");
 
-  py::class_<cuda::PeerComm>(m, "CudaPeerComm")
+  // Shared: the c10d backend's CUDA lane keeps the communicator its Python setup made (backend_cuda.h).
+  py::class_<cuda::PeerComm, std::shared_ptr<cuda::PeerComm>>(m, "CudaPeerComm")
       .def(py::init([](int rank, int nranks, size_t staging_bytes, double timeout_s, int ring_channels, int max_blocks,
                        size_t one_shot_max, size_t two_shot_max) {
-             return std::make_unique<cuda::PeerComm>(
+             return std::make_shared<cuda::PeerComm>(
                  rank, nranks, config(staging_bytes, timeout_s, ring_channels, max_blocks, one_shot_max, two_shot_max));
            }),
            py::arg("rank"), py::arg("nranks"), py::arg("staging_bytes"), py::arg("timeout_s"), py::arg("ring_channels"),
@@ -230,6 +232,16 @@ void bind_cuda(py::module_& m) {
            "None, or what a kernel of this communicator waited for when its wait ran out (read it after the "
            "collective's stream finished); ranks are the communicator's")
       .def("check", &cuda::PeerComm::check, "Raises CommTimeout if a kernel of this communicator timed out");
+
+  py::class_<CudaPeers>(m, "CudaBackendPeers",
+                        "What the c10d backend's CUDA setup hands over (backend_cuda.h, comm/backend.py)")
+      .def(py::init([](py::object peer, bool spans_hosts, bool shares_gpu, bool blocking_wait) {
+             auto shared = peer.is_none() ? nullptr : peer.cast<std::shared_ptr<cuda::PeerComm>>();
+             return CudaPeers{std::move(shared), spans_hosts, shares_gpu, blocking_wait};
+           }),
+           py::arg("peer"), py::arg("spans_hosts"), py::arg("shares_gpu"), py::arg("blocking_wait"))
+      .def_readonly("spans_hosts", &CudaPeers::spans_hosts)
+      .def_readonly("shares_gpu", &CudaPeers::shares_gpu);
 
   py::class_<SimRanks>(m, "CudaSimWorld")
       .def(py::init([](int nranks, size_t staging_bytes, double timeout_s, int ring_channels, int max_blocks,

@@ -116,6 +116,42 @@ class CudaWork:
         return fut
 
 
+def open_ipc_peers(rendezvous, topology, device: torch.device, peer_cfg: dict):
+    """The CUDA IPC step of a CUDA setup, shared by the Communicator's CUDA path and the c10d backend's
+    CUDA lane (comm/backend.py): this rank's _C.CudaPeerComm on `device` (None when it is alone on its
+    host) with the staging buffers of the other ranks of its host opened, after one exchange of IPC
+    handles among all ranks of the group through `rendezvous` (a missing rank: CommTimeout naming it).
+    Every rank of the group calls it at the same point. Returns (peer, error, errors, gpus): this rank's
+    own failure or None, the failures every rank reported at the exchange, and each rank's GPU as
+    (host, uuid). The caller ends the setup with finish_setup()."""
+    rank, peer, error, gpu = rendezvous.rank, None, None, None
+    try:
+        with torch.cuda.device(device):
+            gpu = (topology.host, str(torch.cuda.get_device_properties(device).uuid))
+            if topology.local_world > 1:
+                peer = _C.CudaPeerComm(topology.local_rank, topology.local_world, **peer_cfg)
+    except Exception as e:  # reported to every rank by finish_setup
+        error = f"rank {rank}: {e}"
+    handles = rendezvous.all_gather_object("cuda/ipc", (peer.ipc_handle() if peer else None, error, gpu),
+                                           list(range(topology.world)))
+    errors = [e for _, e, _ in handles if e]
+    if not errors and peer is not None:
+        try:
+            peer.open_peers([handles[r][0] for r in topology.local_ranks])
+        except Exception as e:
+            error = f"rank {rank}: {e}"
+    return peer, error, errors, [g for _, _, g in handles]
+
+
+def finish_setup(rendezvous, world: int, error, errors):
+    """The last exchange of a CUDA setup among the `world` ranks of the group: every rank reports its own
+    failure (or None); if any rank failed, every rank raises CommError naming them all."""
+    opened = rendezvous.all_gather_object("cuda/opened", error, list(range(world)))
+    errors = list(errors) + [e for e in opened if e]
+    if errors:
+        raise CommError("ringzero could not set up the CUDA path: " + "; ".join(sorted(set(errors))))
+
+
 class CudaPath:
     """The CUDA transports of one Communicator, made on its first CUDA collective (every rank of the
     group must make it at the same call, as with any collective)."""
@@ -133,29 +169,11 @@ class CudaPath:
         # here makes the others raise CommTimeout naming it.
         self._rendezvous = comm.host_group.rendezvous.relabelled(
             "ringzero: setting up the CUDA path (the first CUDA collective on this group)")
-        everyone = list(range(comm.world))
-        error = None
-        try:
-            with torch.cuda.device(device):
-                if comm.local_world > 1:
-                    self.peer = _C.CudaPeerComm(comm.local_rank, comm.local_world, **cfg)
-        except Exception as e:  # reported to every rank below
-            error = f"rank {comm.rank}: {e}"
-        handles = self._rendezvous.all_gather_object(
-            "cuda/ipc", (self.peer.ipc_handle() if self.peer else None, error), everyone)
-        errors = [e for _, e in handles if e]
-        if not errors and self.peer is not None:
-            try:
-                self.peer.open_peers([handles[r][0] for r in comm.local_ranks])
-            except Exception as e:
-                error = f"rank {comm.rank}: {e}"
+        self.peer, error, errors, _ = open_ipc_peers(self._rendezvous, comm.host_group.topology, device, cfg)
         if not comm.single_host and not errors:  # every rank takes part: the others wait for its ids
             nccl_error = self._setup_nccl(slice_bytes)
             error = error or nccl_error
-        opened = self._rendezvous.all_gather_object("cuda/opened", error, everyone)
-        errors += [e for e in opened if e]
-        if errors:
-            raise CommError("ringzero could not set up the CUDA path: " + "; ".join(sorted(set(errors))))
+        finish_setup(self._rendezvous, comm.world, error, errors)
 
     def _setup_nccl(self, slice_bytes: int):
         """NCCL rings across hosts: the flat ring over the whole group, and when hierarchical one more

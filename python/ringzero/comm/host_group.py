@@ -72,18 +72,30 @@ class HostGroup:
     """
 
     def __init__(self, group, generation: int = 0, first_op: str = "collective", config: Config | None = None):
-        self.config = from_env() if config is None else config  # validated before anything is exchanged
+        config = from_env() if config is None else config  # validated before anything is exchanged
         self.group = group
-        self.rank = dist.get_rank(group)
-        self.world = dist.get_world_size(group)
         self.global_ranks = dist.get_process_group_ranks(group)
-        self.timeout_s = self.config.timeout_or(DEFAULT_TIMEOUT_S)
-        self.rendezvous = StoreRendezvous(
-            group_store(group, generation), self.rank, self.timeout_s,
-            f"ringzero {first_op}: setting up the communicator (the first ringzero call on this group)")
-        infos = self.rendezvous.exchange("host", f"{host_id(self.config.host_id)}|{os.getpid()}",
-                                         list(range(self.world)))
-        self.topology = Topology.from_host_ids(self.rank, [v.decode().rsplit("|", 1)[0] for v in infos])
+        self._meet(config, group_store(group, generation), dist.get_rank(group), dist.get_world_size(group),
+                   config.timeout_or(DEFAULT_TIMEOUT_S),
+                   f"ringzero {first_op}: setting up the communicator (the first ringzero call on this group)")
+
+    @classmethod
+    def from_store(cls, store, rank: int, world: int, config: Config, timeout_s: float, label: str) -> "HostGroup":
+        """The HostGroup of a group known only by its store, rank and size (the c10d backend's creator:
+        torch has not made the ProcessGroup object yet). `store` must be prefixed for this use; `label`
+        opens every timeout message. group and global_ranks are None."""
+        self = cls.__new__(cls)
+        self.group = self.global_ranks = None
+        self._meet(config, store, rank, world, timeout_s, label)
+        return self
+
+    def _meet(self, config: Config, store, rank: int, world: int, timeout_s: float, label: str):
+        """Exchanges the host identities of the group's ranks: every rank calls it at the same point."""
+        self.config = config
+        self.rank, self.world, self.timeout_s = rank, world, timeout_s
+        self.rendezvous = StoreRendezvous(store, rank, timeout_s, label)
+        infos = self.rendezvous.exchange("host", f"{host_id(config.host_id)}|{os.getpid()}", list(range(world)))
+        self.topology = Topology.from_host_ids(rank, [v.decode().rsplit("|", 1)[0] for v in infos])
 
     def share_segment(self, key: str, create, open_):
         """A shared-memory object of this host's ranks (topology.local_ranks): the first of them calls

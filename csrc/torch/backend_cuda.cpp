@@ -1,0 +1,208 @@
+// The CUDA lane of RingzeroBackend: ShmComm's collectives on cuda::PeerComm, the side stream, and the
+// Work whose wait() orders the caller's stream after the op ([Note: CUDA tensors in the backend],
+// backend_cuda.h). Without RINGZERO_WITH_CUDA only make_cuda_lane is here, and it refuses.
+#include "backend_cuda.h"
+
+#include "core/errors.h"
+
+#ifndef RINGZERO_WITH_CUDA
+
+namespace ringzero {
+std::shared_ptr<CudaLane> make_cuda_lane(CudaPeers, int) {
+  throw InvalidArgument("ringzero: this build has no CUDA path (built against a CPU torch or without nvcc)");
+}
+}  // namespace ringzero
+
+#else
+
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime.h>
+
+#include "backend_work.h"
+#include "cuda/peer_comm.h"
+
+namespace ringzero {
+namespace {
+
+static_assert(static_cast<int>(cuda::Algo::Ring) == static_cast<int>(AllReduceAlgo::Ring) &&
+                  static_cast<int>(cuda::Algo::TwoShot) == static_cast<int>(AllReduceAlgo::TwoShot) &&
+                  static_cast<int>(cuda::Algo::OneShot) == static_cast<int>(AllReduceAlgo::OneShot) &&
+                  static_cast<int>(cuda::Algo::Auto) == static_cast<int>(AllReduceAlgo::Auto),
+              "AllReduceAlgo and cuda::Algo share their codes (RINGZERO_ALLREDUCE_ALGO picks both)");
+
+void cuda_ok(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw CommError(std::string("ringzero CUDA backend: ") + what + ": " + cudaGetErrorString(e));
+}
+
+// A CUDA event for ordering streams (no timing). The runtime's own, not torch's CUDAEvent: that one moved
+// from ATen to c10 in 2.11 and its ATen header pulls in the cuSPARSE/cuBLAS headers.
+class Event {
+ public:
+  Event() { cuda_ok(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreate"); }
+  ~Event() { cudaEventDestroy(event_); }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  void record(cudaStream_t s) { cuda_ok(cudaEventRecord(event_, s), "cudaEventRecord"); }
+  void block(cudaStream_t s) const { cuda_ok(cudaStreamWaitEvent(s, event_, 0), "cudaStreamWaitEvent"); }
+  bool query() const { return cudaEventQuery(event_) == cudaSuccess; }
+  void synchronize() const { cuda_ok(cudaEventSynchronize(event_), "cudaEventSynchronize"); }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+class PeerCollectives final : public CudaComm {
+ public:
+  PeerCollectives(std::shared_ptr<cuda::PeerComm> peer, at::Device device, c10::cuda::CUDAStream stream)
+      : peer_(std::move(peer)), device_(device), stream_(stream) {}
+
+  int rank() const override { return peer_ ? peer_->rank() : 0; }
+
+  void all_reduce(const void* in, void* out, size_t count, DType dtype, ReduceOp op, AllReduceAlgo algo) override {
+    run(cuda::Coll::AllReduce, in, out, count, dtype, op, static_cast<cuda::Algo>(algo));
+  }
+  void reduce_scatter(const void* in, void* out, size_t count, DType dtype, ReduceOp op) override {
+    run(cuda::Coll::ReduceScatter, in, out, count, dtype, op, cuda::Algo::Auto);
+  }
+  void all_gather(const void* in, void* out, size_t count, DType dtype) override {
+    if (!cuda_reducible(dtype)) {  // moved as 32-bit words (the route checked the byte count)
+      const size_t bytes = count * dtype_size(dtype);
+      if (bytes % 4 != 0) throw InvalidArgument("ringzero CUDA all_gather: a block of this dtype is not 4-byte sized");
+      dtype = DType::I32;
+      count = bytes / 4;
+    }
+    run(cuda::Coll::AllGather, in, out, count, dtype, ReduceOp::Sum, cuda::Algo::Auto);
+  }
+  void all_gather_v(const void*, void*, const std::vector<size_t>&, DType) override {
+    throw InvalidArgument("ringzero CUDA: uneven all_gather is the inner backend's (this is a routing bug)");
+  }
+  // Broadcast as a sum in which only the root contributes: the root's bytes, as 32-bit integers, plus
+  // zeros from every other rank is exact for any dtype. Costs an all-reduce (no broadcast kernel yet).
+  void broadcast(void* buf, size_t count, DType dtype, int root) override {
+    const size_t bytes = count * dtype_size(dtype);
+    if (bytes == 0 || !peer_) return;
+    at::Tensor words = at::zeros({static_cast<int64_t>((bytes + 3) / 4)}, options(at::kInt));
+    if (rank() == root) copy(words.data_ptr(), buf, bytes);
+    run(cuda::Coll::AllReduce, words.data_ptr(), words.data_ptr(), words.numel(), DType::I32, ReduceOp::Sum,
+        cuda::Algo::Auto);
+    if (rank() != root) copy(buf, words.data_ptr(), bytes);
+  }
+  // Reduce as an all-reduce whose non-root ranks write a scratch buffer (their tensor stays as it was).
+  void reduce(const void* in, void* out, size_t count, DType dtype, ReduceOp op, int root) override {
+    if (rank() == root) return all_reduce(in, out, count, dtype, op, AllReduceAlgo::Auto);
+    at::Tensor scratch = at::empty({static_cast<int64_t>(count * dtype_size(dtype))}, options(at::kByte));
+    all_reduce(in, scratch.data_ptr(), count, dtype, op, AllReduceAlgo::Auto);
+  }
+
+ private:
+  at::TensorOptions options(at::ScalarType t) const { return at::TensorOptions().dtype(t).device(device_); }
+  void copy(void* dst, const void* src, size_t bytes) {
+    if (dst != src && bytes) cuda_ok(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_.stream()),
+                                     "cudaMemcpyAsync");
+  }
+  // One peer collective, `count` elements per rank (shapes as cuda::run_collective); a group of one
+  // rank copies its input.
+  void run(cuda::Coll coll, const void* in, void* out, size_t count, DType dtype, ReduceOp op, cuda::Algo algo) {
+    if (count == 0) return;
+    if (!peer_) return copy(out, in, count * dtype_size(dtype));
+    peer_->run(coll, in, out, count, dtype, op, algo, stream_.stream());
+  }
+
+  std::shared_ptr<cuda::PeerComm> peer_;
+  at::Device device_;
+  c10::cuda::CUDAStream stream_;
+};
+
+// A CUDA collective in flight: complete for torch once its end event is recorded (the future is
+// CUDA-aware, so callbacks and value() order their streams after it); wait() makes the caller's
+// current stream wait for the end event, and waits on the host only with RINGZERO_CUDA_BLOCKING_WAIT.
+class CudaWork final : public OutputsWork {
+ public:
+  CudaWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs, uint64_t seq, at::Device device,
+           c10::cuda::CUDAStream stream, std::shared_ptr<cuda::PeerComm> peer, bool blocking_wait)
+      : OutputsWork(rank, type, std::move(outputs), seq, {device}), device_(device), peer_(std::move(peer)),
+        blocking_wait_(blocking_wait) {
+    end_.record(stream.stream());
+    c10::cuda::CUDAStreamGuard on_lane(stream);  // the future records its own event on the lane's stream
+    future_->markCompleted(c10::IValue(outputs_));
+  }
+
+  bool isCompleted() override { return end_.query(); }
+  bool wait(std::chrono::milliseconds /*timeout: the kernels' own, RINGZERO_TIMEOUT_S*/) override {
+    c10::cuda::CUDAGuard guard(device_);
+    end_.block(c10::cuda::getCurrentCUDAStream(device_.index()).stream());
+    if (blocking_wait_ && c10::cuda::currentStreamCaptureStatusMayInitCtx() == c10::cuda::CaptureStatus::None)
+      end_.synchronize();
+    if (peer_) peer_->check();  // host memory only: raises if a kernel of this group timed out
+    return true;
+  }
+
+ private:
+  at::Device device_;
+  std::shared_ptr<cuda::PeerComm> peer_;
+  bool blocking_wait_;
+  Event end_;
+};
+
+class PeerLane final : public CudaLane {
+ public:
+  PeerLane(CudaPeers peers, int device_index)
+      : peers_(std::move(peers)),
+        device_(at::kCUDA, static_cast<c10::DeviceIndex>(device_index)),
+        // One stream for all of this group's CUDA ops: PeerComm needs its launches in one order.
+        stream_(c10::cuda::getStreamFromPool(false, device_.index())),
+        comm_(peers_.peer, device_, stream_) {}
+
+  c10::intrusive_ptr<c10d::Work> launch(c10d::OpType type, std::vector<at::Tensor> outputs,
+                                        const std::vector<at::Tensor>& tensors, uint64_t seq,
+                                        const std::function<void(CudaComm&)>& fn) override {
+    if (peers_.peer) peers_.peer->check();  // an earlier kernel timed out: refuse, naming the cause
+    c10::cuda::CUDAGuard guard(device_);
+    follow_current();
+    {
+      c10::cuda::CUDAStreamGuard on_lane(stream_);  // staging tensors of fn are the lane stream's
+      fn(comm_);
+    }
+    for (const auto& t : tensors)
+      if (t.defined() && t.numel() > 0) t.record_stream(stream_.unwrap());
+    return c10::make_intrusive<CudaWork>(peers_.peer ? peers_.peer->rank() : 0, type, std::move(outputs), seq,
+                                         device_, stream_, peers_.peer, peers_.blocking_wait);
+  }
+
+  std::function<void()> host_fence() override {
+    c10::cuda::CUDAGuard guard(device_);
+    follow_current();
+    auto done = std::make_shared<Event>();
+    done->record(stream_.stream());
+    return [done] { done->synchronize(); };
+  }
+
+  void synchronize() override { stream_.synchronize(); }
+  int device_index() const override { return device_.index(); }
+  const CudaPeers& peers() const override { return peers_; }
+
+ private:
+  void follow_current() {
+    Event ready;
+    ready.record(c10::cuda::getCurrentCUDAStream(device_.index()).stream());
+    ready.block(stream_.stream());
+  }
+
+  CudaPeers peers_;
+  at::Device device_;
+  c10::cuda::CUDAStream stream_;
+  PeerCollectives comm_;
+};
+
+}  // namespace
+
+std::shared_ptr<CudaLane> make_cuda_lane(CudaPeers peers, int device_index) {
+  return std::make_shared<PeerLane>(std::move(peers), device_index);
+}
+
+}  // namespace ringzero
+
+#endif  // RINGZERO_WITH_CUDA
