@@ -13,8 +13,8 @@
      copy to the 16-bit params).
 
 The floor is the fused step's bytes moved (28 B/param for a, 30 for b) over the memory bandwidth
-measured in the same run over the same working set (the faster of a copy_ and an in-place add_ over
-28 B/param, every byte read or written counted; at 1M params the data stays in cache, and the floor says
+measured in the same run over the same working set (the best run of a copy_, an in-place add_ and an
+in-place addcmul_ over 28 B/param, every byte read or written counted; at 1M params the data stays in cache, and the floor says
 so): no implementation of the step can be faster. Prints the floor in ms, time (median), GB/s
 counted with each row's own bytes per parameter, the fraction of the floor reached (floor / time), and the
 speed ratios baseline_time / our_time against torch fused (or the torch sequence) and the other baselines.
@@ -47,8 +47,8 @@ def sync(device):
         torch.cuda.synchronize()
 
 
-def timed_round_robin(fns, device, reps, setups=None):
-    """Median seconds of each fn over reps runs, after two warm-up runs. The fns take turns within each
+def timed_round_robin(fns, device, reps, setups=None, stat=statistics.median):
+    """Median (or `stat`) seconds of each fn over reps runs, after two warm-up runs. The fns take turns within each
     rep, so load from other work on a shared machine falls on all of them alike. setups[i]() runs
     untimed before each run of fns[i]."""
     setups = setups or [None] * len(fns)
@@ -63,18 +63,20 @@ def timed_round_robin(fns, device, reps, setups=None):
             sync(device)
             if rep >= 2:
                 times[i].append(time.perf_counter() - t0)
-    return [statistics.median(t) for t in times]
+    return [stat(t) for t in times]
 
 
 def memory_bandwidth(device, reps, working_set_bytes):
-    """Bytes per second of the faster of two streaming ops over `working_set_bytes` (the step's own
+    """Bytes per second of the fastest of three streaming ops over `working_set_bytes` (the step's own
     working set, so that a step whose data stays in a cache is held to the cache's speed, not to
-    DRAM's): a copy (read + write counted) and an in-place add (two reads, one write), which is closer
-    to Adam's read-modify-write pattern."""
-    n = max(1 << 16, working_set_bytes // 8)
-    a, b = torch.ones(n, device=device), torch.empty(n, device=device)
-    t_copy, t_add = timed_round_robin([lambda: b.copy_(a), lambda: b.add_(a)], device, reps)
-    return max(8 * n / t_copy, 12 * n / t_add)
+    DRAM's), each at its best run (the ceiling the memory showed, not its typical speed): a copy (read
+    + write counted), an in-place add (two reads, one write) and an in-place addcmul (three reads, one
+    write), the last two closer to Adam's in-place read-modify-write pattern."""
+    n = max(1 << 16, working_set_bytes // 12)  # three float32 tensors: the working set
+    a, b, c = torch.ones(n, device=device), torch.empty(n, device=device), torch.ones(n, device=device)
+    times = timed_round_robin([lambda: b.copy_(a), lambda: b.add_(a), lambda: b.addcmul_(a, c)], device, reps,
+                              stat=min)
+    return max(nbytes * n / t for nbytes, t in zip((8, 12, 16), times))
 
 
 def split(n, device, dtype, fill):
@@ -204,7 +206,7 @@ def main():
         print(line, flush=True)
         lines.append(line)
 
-    emit(f"# device: {where}; memory bandwidth {bw_large / 1e9:.1f} GB/s (best of copy_, add_ over 1 GiB; each size's floor uses the same ops over its own working set); torch {torch.__version__}; "
+    emit(f"# device: {where}; memory bandwidth {bw_large / 1e9:.1f} GB/s (best run of copy_, add_, addcmul_ over 1 GiB; each size's floor uses the same ops over its own working set); torch {torch.__version__}; "
           f"load average {os.getloadavg()[0]:.1f}")
     if device.type == "cpu" and deepspeed_cpu_adam() is None:
         emit("# deepspeed is not installed here: no DeepSpeedCPUAdam rows")

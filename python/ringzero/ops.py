@@ -173,6 +173,32 @@ def adam_step_multi_(params: Sequence[torch.Tensor], grads, exp_avgs, exp_avg_sq
                        clip_v, lr_t, step_t, inv_t, clip_t, found_t, step_ts)
 
 
+def adam_launch_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, param_outs, *, lr, beta1, beta2, eps,
+                 weight_decay, adamw, maximize, step, inv_scale=None, found_inf=None):
+    """The fused kernel call of adam_step_multi_ without its per-tensor checks, for callers whose tensors
+    are their own (FusedAdam's state buffers; C++ still checks every tensor hard). lr, inv_scale: numbers
+    or one-element tensors (CUDA ones are read on the device); step: a number, or on CUDA a list of
+    one-element float32 tensors, one per entry; found_inf: a CUDA tensor, or None (on the CPU the caller
+    skips the step itself)."""
+    if not params:
+        return
+    lr_v, lr_t = _host_or_device(lr)
+    inv_v, inv_t = _host_or_device(1.0 if inv_scale is None else inv_scale)
+    step_ts = list(step) if isinstance(step, (list, tuple)) else []
+    _C.adam_step_list_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, param_outs, lr_v, float(beta1),
+                       float(beta2), float(eps), float(weight_decay), 1.0 if step_ts else float(step), bool(adamw),
+                       bool(maximize), inv_v, 1.0, lr_t, None, inv_t, None, found_inf, step_ts)
+
+
+def _host_or_device(value):
+    """(host number, None) for a number or a CPU tensor; (0.0, float32 scalar tensor) for a CUDA tensor."""
+    if isinstance(value, torch.Tensor):
+        if value.is_cuda:
+            return 0.0, value.reshape(()).float() if value.dtype != torch.float32 else value.reshape(())
+        return float(value), None
+    return float(value), None
+
+
 def sum_squares(tensors: Sequence[torch.Tensor], *, inv_scale=None, found_inf=None) -> torch.Tensor:
     """Sum of squares of every element of `tensors` (float32/bfloat16/float16, contiguous, one device),
     times inv_scale**2 when given: the squared global gradient norm of unscaled gradients, in one read.

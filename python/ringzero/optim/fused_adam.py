@@ -25,7 +25,7 @@ class _Bucket:
     exp_avg_sq: torch.Tensor  # 1D, moment dtype
     max_exp_avg_sq: torch.Tensor | None  # 1D, moment dtype; AMSGrad only
     master: torch.Tensor | None  # 1D float32; master_weights with 16-bit params only
-    steps: torch.Tensor | None  # 1D float32, one step count per param; CUDA only (each state's "step" is a view)
+    steps: torch.Tensor  # 1D float32, one step count per param (each state's "step" is a view of it)
 
 
 class FusedAdam(torch.optim.Optimizer):
@@ -91,9 +91,11 @@ class FusedAdam(torch.optim.Optimizer):
             total = sum(p.numel() for p in params)
             with_master = self.master_weights and dtype != torch.float32
             flat = lambda dt, k: ops.flat_buffer(total, dt, device, k)  # noqa: E731
-            # CUDA: the step counts of a bucket sit side by side on the device, so one add_ advances them
-            # all and one launch reads each param's own count (no host sync: capturable in a CUDA graph).
-            steps = torch.zeros(len(params), dtype=torch.float32, device=device) if device.type == "cuda" else None
+            # The step counts of a bucket sit side by side (on the device for CUDA params, where torch's
+            # fused AdamW keeps them too): one add_ advances them all, and on CUDA one launch reads each
+            # param's own count (no host sync: capturable in a CUDA graph).
+            steps = torch.zeros(len(params), dtype=torch.float32,
+                                device=device if device.type == "cuda" else torch.device("cpu"))
             b = _Bucket(params, flat(self.moment_dtype, 0), flat(self.moment_dtype, 1),
                         flat(self.moment_dtype, 2) if group["amsgrad"] else None,
                         flat(torch.float32, 3) if with_master else None, steps)
@@ -102,11 +104,8 @@ class FusedAdam(torch.optim.Optimizer):
                 n = p.numel()
                 view = lambda t: t[offset:offset + n].view_as(p)  # noqa: E731
                 old = self._loaded_state.pop(p, None) or self.state.get(p, {})
-                step = self._step_tensor(old.get("step"), device)
-                if steps is not None:
-                    steps[k] = step
-                    step = steps[k]
-                state = {"step": step}
+                steps[k] = self._step_tensor(old.get("step"), device)
+                state = {"step": steps[k]}
                 for key, buf in (("exp_avg", b.exp_avg), ("exp_avg_sq", b.exp_avg_sq),
                                  ("max_exp_avg_sq", b.max_exp_avg_sq), ("master_param", b.master)):
                     if buf is None:
@@ -197,56 +196,55 @@ class FusedAdam(torch.optim.Optimizer):
         return loss
 
     def _step_bucket(self, group, bucket, inv_scale, found_inf):
-        live = [p for p in bucket.params if p.grad is not None]
+        live = [k for k, p in enumerate(bucket.params) if p.grad is not None]
         if not live:
             return
-        for p in live:
-            if p.grad.is_sparse:
+        for k in live:
+            if bucket.params[k].grad.is_sparse:
                 raise RuntimeError("FusedAdam does not support sparse gradients")
-        cpu = bucket.exp_avg.device.type == "cpu"
-        if cpu and found_inf is not None and float(found_inf) != 0.0:
-            return  # skipped step: nothing written, step counts unchanged (as torch's fused AdamW)
-        beta1, beta2 = group["betas"]
-        hyper = dict(lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"],
-                     adamw=group["decoupled_weight_decay"], maximize=group["maximize"], inv_scale=inv_scale)
-        if not cpu:
-            self._step_bucket_cuda(group, bucket, live, hyper, found_inf)
+        if bucket.exp_avg.device.type == "cpu":
+            if found_inf is not None and float(found_inf) != 0.0:
+                return  # skipped step: nothing written, step counts unchanged (as torch's fused AdamW)
+            # Params of a bucket normally share one step count; those that missed steps (no grad) get
+            # their own call.
+            counts = bucket.steps.tolist()
+            by_count: dict = {}
+            for k in live:
+                by_count.setdefault(counts[k], []).append(k)
+            for count, ks in by_count.items():
+                self._call_kernel(group, bucket, ks, count + 1, inv_scale, None)
+            self._advance(bucket, live, 1)
             return
-        # Params of a bucket normally share one step count; one that missed steps (no grad) gets its own call.
-        by_step: dict = {}
-        for p in live:
-            by_step.setdefault(float(self.state[p]["step"]), []).append(p)
-        for step_count, ps in by_step.items():
-            self._call_kernel(group, bucket, ps, step_count + 1, None, hyper)
-            for p in ps:
-                self.state[p]["step"].add_(1)
-
-    def _step_bucket_cuda(self, group, bucket, live, hyper, found_inf):
-        """The whole bucket in one call (one launch per 32 params), each param with its own device step
-        count; a step skipped on found_inf leaves the counts as they were, without a host sync."""
-        steps = [self.state[p]["step"] for p in live]
-        whole = len(live) == len(bucket.params)
-
-        def advance(delta):
-            if whole:
-                bucket.steps.add_(delta)
-            else:
-                for s in steps:
-                    s.add_(delta)
-
-        advance(1)
-        self._call_kernel(group, bucket, live, steps, found_inf, hyper)
+        # CUDA: the whole bucket in one call (one launch per 32 params), each param with its own device
+        # step count; a step skipped on found_inf leaves the counts as they were, without a host sync.
+        self._advance(bucket, live, 1)
+        self._call_kernel(group, bucket, live, [bucket.steps[k] for k in live], inv_scale, found_inf)
         if found_inf is not None:
-            advance(-found_inf.reshape(()))
+            self._advance(bucket, live, -found_inf.reshape(()))
 
-    def _call_kernel(self, group, bucket, ps, step, found_inf, hyper):
+    @staticmethod
+    def _advance(bucket, live, delta):
+        if len(live) == len(bucket.params):
+            bucket.steps.add_(delta)
+        else:
+            for k in live:
+                bucket.steps[k].add_(delta)
+
+    def _call_kernel(self, group, bucket, ks, step, inv_scale, found_inf):
+        """The fused pass over the params `ks` (indices into the bucket). Arguments are this optimizer's
+        own, checked when the params joined (and hard-checked again in C++), so the kernel is called
+        without ops.adam_step_multi_'s per-tensor checks."""
+        ps = [bucket.params[k] for k in ks]
         states = [self.state[p] for p in ps]
         with_master = bucket.master is not None
-        ops.adam_step_multi_(
+        beta1, beta2 = group["betas"]
+        ops.adam_launch_(
             [s["master_param"] if with_master else p for s, p in zip(states, ps)], [p.grad for p in ps],
-            [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states], step=step, found_inf=found_inf,
-            param_outs=ps if with_master else None,
-            max_exp_avg_sqs=[s["max_exp_avg_sq"] for s in states] if group["amsgrad"] else None, **hyper)
+            [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states],
+            [s["max_exp_avg_sq"] for s in states] if group["amsgrad"] else [], ps if with_master else [],
+            lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"],
+            adamw=group["decoupled_weight_decay"], maximize=group["maximize"], step=step, inv_scale=inv_scale,
+            found_inf=found_inf)
 
 
 class FusedAdamW(FusedAdam):
