@@ -22,7 +22,7 @@ CASES_PER_CONFIG = 12
 def body(rank, world, seed):
     import ringzero
     from cuda_util import check, reference
-    from test_cuda_fuzz import DTYPES, OPS, inputs, random_count
+    from cuda_fuzz_cases import DTYPES, OPS, inputs, random_count
 
     torch.cuda.set_device(0)
     rng = random.Random(seed)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import ringzero
-from test_adam_ops import CASES, SIZES, run_case
+from adam_cases import CASES, SIZES, run_case
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

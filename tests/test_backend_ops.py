@@ -16,7 +16,7 @@ import torch.distributed as dist
 import ringzero
 from harness import run_ranks
 from ringzero.comm import torch_compat
-from test_collectives import DTYPES, OPS, SMALL_BUFFERS, check_equal, gloo_reference, make
+from reference import DTYPES, OPS, SMALL_BUFFERS, check_equal, gloo_reference, make
 
 TORCH_OP = {ringzero.ReduceOp.SUM: dist.ReduceOp.SUM, ringzero.ReduceOp.AVG: dist.ReduceOp.AVG,
             ringzero.ReduceOp.MIN: dist.ReduceOp.MIN, ringzero.ReduceOp.MAX: dist.ReduceOp.MAX,

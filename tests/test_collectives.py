@@ -15,47 +15,7 @@ import torch.distributed as dist
 
 import ringzero
 from harness import run_ranks
-
-DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int8, torch.uint8, torch.int32, torch.int64]
-OPS = [ringzero.ReduceOp.SUM, ringzero.ReduceOp.AVG, ringzero.ReduceOp.MIN, ringzero.ReduceOp.MAX,
-       ringzero.ReduceOp.PRODUCT]
-GLOO_OP = {ringzero.ReduceOp.SUM: dist.ReduceOp.SUM, ringzero.ReduceOp.AVG: dist.ReduceOp.SUM,
-           ringzero.ReduceOp.MIN: dist.ReduceOp.MIN, ringzero.ReduceOp.MAX: dist.ReduceOp.MAX,
-           ringzero.ReduceOp.PRODUCT: dist.ReduceOp.PRODUCT}
-SIZES = [0, 1, 13, 1031, 5003]  # 5003 * 8 B is ten times the 4 KiB staging buffer used below
-
-
-def make(rank, n, dtype, salt=0):
-    """Small integers in [-3, 3] without 0 (uint8: [0, 3]) that vary with rank and position."""
-    i = torch.arange(n, dtype=torch.int64)
-    v = (i * 5 + rank * 3 + salt) % 7 - 3
-    if dtype == torch.uint8:
-        v = (v + 3) % 4
-    else:
-        v = torch.where(v == 0, torch.ones_like(v), v)
-    return v.to(dtype)
-
-
-def wide(dtype):
-    return torch.float64 if dtype.is_floating_point else torch.int64
-
-
-def gloo_reference(x, op, world):
-    """gloo's all-reduce of x widened to 64 bits, narrowed back (AVG: SUM then divide)."""
-    y = x.to(wide(x.dtype), copy=True)
-    dist.all_reduce(y, op=GLOO_OP[op])  # default group: gloo
-    if op == ringzero.ReduceOp.AVG:
-        y = y / world if y.dtype.is_floating_point else torch.div(y, world, rounding_mode="trunc")
-    return y.to(x.dtype)
-
-
-def check_equal(got, want, what):
-    assert got.dtype == want.dtype and got.shape == want.shape, f"{what}: {got.dtype}{tuple(got.shape)} vs {want.dtype}{tuple(want.shape)}"
-    if not torch.equal(got, want):
-        bad = (got != want).nonzero()[:5].flatten().tolist()
-        raise AssertionError(f"{what}: first differing positions {bad}: got {got.flatten()[bad].tolist()} "
-                             f"want {want.flatten()[bad].tolist()}")
-
+from reference import DTYPES, OPS, SIZES, SMALL_BUFFERS, check_equal, gloo_reference, make
 
 def check_all(rank, world, group, label):
     """Every collective, every dtype, op and size, on `group` (all ranks)."""
@@ -149,7 +109,6 @@ def multi_host_body(rank, world):
     return mode, cases
 
 
-SMALL_BUFFERS = {"RINGZERO_SHM_BUFFER_BYTES": "4096", "RINGZERO_RING_SLICE_BYTES": "1024", "RINGZERO_TIMEOUT_S": "120"}
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4, 5])

@@ -14,7 +14,7 @@ import torch.distributed as dist
 import ringzero
 from harness import run_ranks
 from ringzero.comm import torch_compat
-from test_collectives import check_equal, make
+from reference import check_equal, make
 
 # ringzero's name -> this torch's name for the same op (the *_single names exist from torch 2.13 on).
 TORCH_NAMES = {"all_reduce": "all_reduce", "reduce_scatter_single": torch_compat.REDUCE_SCATTER_SINGLE,

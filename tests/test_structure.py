@@ -104,3 +104,16 @@ def test_the_table_detector_finds_one(tmp_path):
     sample = tmp_path / "sample.py"
     sample.write_text("import enum\nA = {'x': 0, 'y': 1}\nB, C = 0, 1\nclass E(enum.IntEnum):\n    X = 0\n")
     assert len(hand_kept_tables(sample)) == 3
+
+
+def test_tests_share_helpers_through_helper_modules_not_test_files():
+    """No file under tests/ imports another test file (anywhere, also inside functions): shared inputs and
+    references live in helper modules (reference.py, adam_cases.py, cuda_fuzz_cases.py, ...)."""
+    tests = pathlib.Path(__file__).resolve().parent
+    offenders = []
+    for path in sorted(tests.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([node.module or ""] if isinstance(node, ast.ImportFrom)
+                     else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            offenders += [f"{path.name} imports {n}" for n in names if n.split(".")[0].startswith("test_")]
+    assert not offenders, offenders
