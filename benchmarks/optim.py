@@ -19,7 +19,7 @@ so): no implementation of the step can be faster. Prints the floor in ms, time (
 counted with each row's own bytes per parameter, the fraction of the floor reached (floor / time), and the
 speed ratios baseline_time / our_time against torch fused (or the torch sequence) and the other baselines.
 
-    python benchmarks/optim.py [--sizes 1M,16M,128M] [--device cpu|cuda] [--threads N] [--out FILE]
+    python benchmarks/optim.py [--sizes 1M,16M,128M] [--device cpu|cuda] [--threads N] [--cases a,b bf16] [--out FILE]
 
 --out also writes the table to FILE (gpu_check.sh keeps it under benchmarks/results/).
 """
@@ -190,6 +190,7 @@ def main():
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--reps", type=int, default=0, help="timed runs per row (default: by size)")
     ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (default: torch's choice)")
+    ap.add_argument("--cases", default="a,a4,b fp16,b bf16", help="comma-separated subset of the cases")
     ap.add_argument("--out", default="", help="also write the table to this file")
     args = ap.parse_args()
     if args.threads:
@@ -220,6 +221,8 @@ def main():
                  ("b fp16", lambda: case_b(n, device, reps, torch.float16)),
                  ("b bf16", lambda: case_b(n, device, reps, torch.bfloat16)))
         for case, run in cases:
+            if case not in args.cases.split(","):
+                continue
             rows = run()
             times = dict(rows)
             base = times.get("torch fused", times.get("torch sequence"))

@@ -6,7 +6,7 @@ torch.nn.utils.clip_grad_norm_ in float64) and found_inf skipping exactly the st
 
 The reference sees the gradients exactly as stored (after 16-bit rounding), so differences come only from
 our float32 arithmetic (and bfloat16 rounding of moments/params): tolerances are stated per case below.
-Tensor sizes 0, 1, 13 (prime), 1031 (prime) and 70001 (prime, more than one 65536-element CPU chunk).
+Tensor sizes 0, 1, 13 (prime), 1031 (prime) and 70001 (prime, more than four 16384-element CPU chunks).
 """
 import math
 
@@ -55,9 +55,99 @@ def test_sum_squares_matches_float64(dtype):
     assert found.item() == 1.0
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sum_squares_of_huge_finite_values_does_not_set_found_inf(dtype):
+    """Squares of |x| > 1.8e19 overflow the kernel's float32 lanes; it must then sum again in double, so
+    found_inf (any element inf or NaN) stays 0. The float32 result is inf, as float(want) is."""
+    x = torch.full((70001,), 1e3, dtype=dtype)
+    x[[5, 37, 600, 65536 + 17]] = 1e20  # squares 1e40: beyond float32, finite in double
+    want = (x.double() ** 2).sum()
+    found = torch.zeros(1)
+    got = ops.sum_squares([x], found_inf=found)
+    assert found.item() == 0.0
+    assert got.item() == want.float().item() == float("inf")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("where", [0, 31, 32, 511, 512, 513, 16383, 16384, 65536, 70000])
+@pytest.mark.parametrize("bad", [float("inf"), float("-inf"), float("nan")])
+def test_sum_squares_flags_one_non_finite_element_anywhere(dtype, where, bad):
+    """One inf or NaN at a lane, block or chunk edge (or in a tail) makes the sum non-finite and sets
+    found_inf; the other elements are ordinary."""
+    x = torch.linspace(-2, 2, 70001).to(dtype)
+    x[where] = bad
+    found = torch.zeros(1)
+    got = ops.sum_squares([x], found_inf=found).item()
+    assert found.item() == 1.0 and not math.isfinite(got)
+
+
+def test_sum_squares_is_the_same_for_any_thread_count():
+    """Partial sums are per 16384-element chunk and added in order: bitwise the same at 1, 2 and 3
+    threads, for sizes around the 512-element block and the chunk."""
+    if "OpenMP" not in torch.__config__.parallel_info():
+        pytest.skip("this torch has no OpenMP thread pool (the sum runs on one thread)")
+    gen = torch.Generator().manual_seed(11)
+    xs = [torch.randn(n, generator=gen).to(dt) for n in (0, 1, 31, 511, 513, 16385, 65537, 200003)
+          for dt in (torch.float32, torch.bfloat16, torch.float16)]
+    before = torch.get_num_threads()
+    try:
+        results = []
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            results.append([ops.sum_squares([x]).item() for x in xs])
+    finally:
+        torch.set_num_threads(before)
+    assert results[0] == results[1] == results[2]
+    want = [(x.double() ** 2).sum().item() for x in xs]
+    for got, w, x in zip(results[0], want, xs):
+        assert math.isclose(got, w, rel_tol=1e-6, abs_tol=1e-30), (x.numel(), x.dtype, got, w)
+
+
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16])
+def test_param_out_rounds_like_torch(out_dtype):
+    """param_out is the updated float32 param rounded to nearest even, as torch's .to() rounds: ties,
+    values just under a tie, subnormals, overflow to inf and NaN, through the vector loop and its tail
+    (lr = 0 and zero gradients leave the param as it was; an infinite param is not among them: the kernel
+    adds weight_decay * param to the gradient unconditionally, so 0 * inf makes it NaN, where torch's
+    AdamW would keep it inf)."""
+    gen = torch.Generator().manual_seed(8)
+    bits = torch.randint(-2**31, 2**31 - 1, (2000,), generator=gen, dtype=torch.int64).to(torch.int32)
+    bits = bits[~bits.view(torch.float32).isinf()]
+    special = torch.tensor([0.0, -0.0, 1.0, 1.00390625, 1.005859375, 1.0039062, 3.3895314e38, 3.4e38, -3.4e38,
+                            65504.0, 65520.0, 1e-40, -1e-40, 6e-8, float("nan")])
+    p = torch.cat([special, bits.view(torch.float32), special[:5]])  # ~2020 elements: vector blocks and a tail
+    want = p.to(out_dtype)
+    out = torch.empty_like(want)
+    m, v = torch.zeros_like(p), torch.zeros_like(p)
+    ops.adam_step_(p.clone(), torch.zeros(p.numel(), dtype=out_dtype), m, v, lr=0.0, beta1=0.9, beta2=0.999,
+                   eps=1e-8, weight_decay=0.0, step=1, param_out=out)
+    nan = p.isnan()
+    assert torch.equal(out[~nan].view(torch.int16), want[~nan].view(torch.int16))
+    assert out[nan].isnan().all()
+
+
+def test_clip_coef_on_the_cpu_is_the_float64_formula_rounded_once():
+    """The CPU clip coefficient is min(1, max_norm / (sqrt(s) + eps)) in double, rounded to the dtype of
+    s; within an ulp of torch's float32 tensor formula; inf -> 0, NaN -> NaN, 0 with eps=0 -> 1."""
+    gen = torch.Generator().manual_seed(21)
+    values = (torch.rand(500, generator=gen, dtype=torch.float64) * 80 - 40).exp2().tolist() + [0.0, 1.0, 3.4e38]
+    for v in values:
+        for max_norm in (1.0, 0.5, 7.3, 1e-3):
+            s = torch.tensor(v, dtype=torch.float32)
+            got = ops.clip_coef(s, max_norm)
+            want = min(1.0, max_norm / (math.sqrt(s.item()) + 1e-6))
+            assert got.dtype == torch.float32 and got.shape == () and got.item() == torch.tensor(want).float().item()
+            torch_formula = torch.clamp(max_norm / (s.sqrt() + 1e-6), max=1.0)
+            assert math.isclose(got.item(), torch_formula.item(), rel_tol=3e-7), (v, max_norm)
+    assert ops.clip_coef(torch.tensor(float("inf")), 1.0).item() == 0.0
+    assert math.isnan(ops.clip_coef(torch.tensor(float("nan")), 1.0).item())
+    assert ops.clip_coef(torch.tensor(0.0), 1.0, eps=0.0).item() == 1.0
+    assert ops.clip_coef(torch.tensor(4.0, dtype=torch.float64), 1.0).dtype == torch.float64
+
+
 @pytest.mark.parametrize("name", ["adamw", "mixed_precision", "moments_bf16"])
 def test_threaded_step_matches_float64_and_is_the_same_for_any_thread_count(name):
-    """The CPU step splits every tensor into 65536-element chunks over torch's threads (OpenMP): the
+    """The CPU step splits every tensor into 16384-element chunks over torch's threads (OpenMP): the
     float64 parity holds at 1, 2 and 3 threads, and the results are bitwise the same for all three."""
     if "OpenMP" not in torch.__config__.parallel_info():
         pytest.skip("this torch has no OpenMP thread pool (the step runs on one thread)")

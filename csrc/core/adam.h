@@ -45,8 +45,10 @@ struct AdamBuffers {
 // Throws InvalidArgument on an unsupported dtype combination.
 void adam_step(const AdamBuffers& b, size_t begin, size_t end, const AdamCoeffs& c);
 
-// Sum of x[i]^2 over [begin, end) in double (so no finite float32/16-bit input can overflow it: the
-// result is non-finite exactly when some element is inf or NaN). Bytes moved: one read of x.
+// Sum of x[i]^2 over [begin, end): float32 within 512-element blocks (32 lanes, each adding at most 16
+// squares: relative error below 1e-6), double across blocks; a non-finite total is summed again in
+// double, so no finite float32/16-bit input can overflow it: the result is non-finite exactly when some
+// element is inf or NaN. Bytes moved: one read of x.
 double sum_squares(const void* x, DType dtype, size_t begin, size_t end);
 
 // The instruction set of the Adam table in use (same as reduce_isa()).

@@ -21,9 +21,11 @@ using namespace ringzero;
 
 namespace {
 
-// Elements per CPU task: large enough that a task amortises its scheduling (about 10 us at memory
-// speed), a multiple of the 512-element staging block so 16-bit blocks stay aligned.
-constexpr int64_t kChunkElems = 1 << 16;
+// Elements per CPU chunk. at::parallel_for hands each thread one contiguous run of chunks, so the size
+// costs no scheduling; it sets the smallest tensor that is split over threads (a 32K-element tensor
+// already runs on two) and the summation order of sum_squares (one partial per chunk, added in order,
+// whatever the thread count). A multiple of the 512-element staging block, so blocks stay aligned.
+constexpr int64_t kChunkElems = 1 << 14;
 
 DType float_dtype(const at::Tensor& t, const char* arg) {
   switch (t.scalar_type()) {
@@ -63,20 +65,25 @@ const float* scalar_ptr(const std::optional<at::Tensor>& t, const at::Tensor& re
 // lr/step/inv_scale/clip_coef arrive as numbers (Python reads CPU scalars for free) and found_inf was
 // checked by the caller. CUDA: the *_t tensors, when given, are read on the device, and step_ts (empty,
 // or one one-element float32 tensor per entry) gives each entry its own step count; one launch covers
-// up to kAdamTensorsPerLaunch entries.
+// up to kAdamTensorsPerLaunch entries. CPU only: with counts_t (a float32 CPU tensor: FusedAdam's step
+// counts) entry k takes its step from counts_t[count_idx[k]] + 1 (not from `step`), and that count is
+// advanced after the step: here rather than by torch ops from Python, which cost more than a small step
+// inside the profiler scope torch.optim wraps step() in.
 void adam_step_list(std::vector<at::Tensor> params, std::vector<at::Tensor> grads, std::vector<at::Tensor> exp_avgs,
                     std::vector<at::Tensor> exp_avg_sqs, std::vector<at::Tensor> max_exp_avg_sqs,
                     std::vector<at::Tensor> param_outs, double lr, double beta1, double beta2, double eps,
                     double weight_decay, double step, bool adamw, bool maximize, double inv_scale, double clip_coef,
                     std::optional<at::Tensor> lr_t, std::optional<at::Tensor> step_t,
                     std::optional<at::Tensor> inv_scale_t, std::optional<at::Tensor> clip_coef_t,
-                    std::optional<at::Tensor> found_inf_t, std::vector<at::Tensor> step_ts) {
+                    std::optional<at::Tensor> found_inf_t, std::vector<at::Tensor> step_ts,
+                    std::optional<at::Tensor> counts_t, std::vector<int64_t> count_idx) {
   const size_t n = params.size();
   TORCH_CHECK_VALUE(grads.size() == n && exp_avgs.size() == n && exp_avg_sqs.size() == n,
                     "params, grads, exp_avgs and exp_avg_sqs must have the same length");
   TORCH_CHECK_VALUE(max_exp_avg_sqs.empty() || max_exp_avg_sqs.size() == n, "max_exp_avg_sqs: one per param or none");
   TORCH_CHECK_VALUE(param_outs.empty() || param_outs.size() == n, "param_outs: one per param or none");
   TORCH_CHECK_VALUE(step_ts.empty() || step_ts.size() == n, "step_ts: one per param or none");
+  TORCH_CHECK_VALUE(!counts_t || params.empty() || params[0].device().is_cpu(), "counts_t is for CPU params only");
   if (n == 0) return;
   std::vector<AdamBuffers> bufs(n);
   std::vector<int64_t> counts(n);
@@ -115,12 +122,35 @@ void adam_step_list(std::vector<at::Tensor> params, std::vector<at::Tensor> grad
   if (on_cpu) {
     TORCH_CHECK_VALUE(!lr_t && !step_t && !inv_scale_t && !clip_coef_t && !found_inf_t && step_ts.empty(),
                       "CPU step: pass lr, step, inv_scale, clip_coef as numbers (found_inf is checked in Python)");
-    const AdamCoeffs c = adam_coeffs(lr, beta1, beta2, eps, weight_decay, step, adamw, maximize, inv_scale, clip_coef);
+    float* step_counts = nullptr;
+    if (counts_t) {
+      TORCH_CHECK_VALUE(counts_t->device().is_cpu() && counts_t->scalar_type() == at::kFloat &&
+                            counts_t->is_contiguous() && count_idx.size() == n,
+                        "counts_t must be a contiguous float32 CPU tensor and count_idx have one index per param");
+      for (int64_t i : count_idx)
+        TORCH_CHECK_INDEX(i >= 0 && i < counts_t->numel(), "count_idx entry ", i, " is outside counts_t (",
+                          counts_t->numel(), " elements)");
+      step_counts = counts_t->data_ptr<float>();
+    } else {
+      TORCH_CHECK_VALUE(count_idx.empty(), "count_idx needs counts_t");
+    }
+    std::vector<AdamCoeffs> coeffs(n);
+    for (size_t k = 0; k < n; ++k) {
+      const double s = step_counts ? static_cast<double>(step_counts[count_idx[k]]) + 1.0 : step;
+      coeffs[k] = adam_coeffs(lr, beta1, beta2, eps, weight_decay, s, adamw, maximize, inv_scale, clip_coef);
+    }
     const std::vector<Chunk> chunks = chunks_of(bufs, counts);
-    py::gil_scoped_release nogil;
-    at::parallel_for(0, static_cast<int64_t>(chunks.size()), 1, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) adam_step(bufs[chunks[i].tensor], chunks[i].begin, chunks[i].end, c);
-    });
+    {
+      py::gil_scoped_release nogil;
+      at::parallel_for(0, static_cast<int64_t>(chunks.size()), 1, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) {
+          const Chunk& ch = chunks[i];
+          adam_step(bufs[ch.tensor], ch.begin, ch.end, coeffs[ch.tensor]);
+        }
+      });
+    }
+    if (step_counts)
+      for (int64_t i : count_idx) step_counts[i] += 1.0f;
     return;
   }
 #if defined(RINGZERO_WITH_CUDA)
@@ -146,15 +176,17 @@ void adam_step_list(std::vector<at::Tensor> params, std::vector<at::Tensor> grad
 #endif
 }
 
-// out (one-element float32 tensor) += sum of squares of every tensor; found_inf (optional, same
-// device) set to 1 when an element is inf or NaN. CPU sums in double, chunk by chunk in order.
-void sum_squares_list(at::Tensor out, std::vector<at::Tensor> xs, std::optional<at::Tensor> found_inf) {
+// out (one-element float32 tensor) += sum of squares of every tensor (times scale: CPU only, 1 on
+// CUDA); found_inf (optional, same device) set to 1 when an element is inf or NaN. CPU: one partial per chunk, added in double in order.
+void sum_squares_list(at::Tensor out, std::vector<at::Tensor> xs, std::optional<at::Tensor> found_inf,
+                      double scale) {
   TORCH_CHECK_VALUE(out.numel() == 1 && out.scalar_type() == at::kFloat, "out must be a one-element float32 tensor");
   for (const auto& x : xs) {
     TORCH_CHECK_VALUE(x.is_contiguous() && x.device() == out.device(), "tensors must be contiguous, on ", out.device());
     float_dtype(x, "tensor");
   }
   if (found_inf) scalar_ptr(found_inf, out, "found_inf");
+  TORCH_CHECK_VALUE(scale == 1.0 || out.device().is_cpu(), "scale is for CPU tensors (on CUDA, scale out after)");
   if (out.device().is_cpu()) {
     std::vector<AdamBuffers> bufs(xs.size());
     std::vector<int64_t> counts(xs.size());
@@ -176,7 +208,9 @@ void sum_squares_list(at::Tensor out, std::vector<at::Tensor> xs, std::optional<
     }
     double total = 0;
     for (double p : partial) total += p;  // fixed order: the same result for any thread count
-    out.add_(total);
+    // Written through the pointer: a torch op here costs more than summing a small tensor.
+    float* o = out.data_ptr<float>();
+    *o = static_cast<float>(static_cast<double>(*o) + total * scale);
     if (found_inf && !std::isfinite(total)) found_inf->fill_(1.0);
     return;
   }
@@ -210,7 +244,9 @@ void bind_adam(py::module& m) {
         py::arg("maximize"), py::arg("inv_scale"), py::arg("clip_coef"), py::arg("lr_t") = py::none(),
         py::arg("step_t") = py::none(), py::arg("inv_scale_t") = py::none(), py::arg("clip_coef_t") = py::none(),
         py::arg("found_inf_t") = py::none(), py::arg("step_ts") = std::vector<at::Tensor>{},
+        py::arg("counts_t") = py::none(), py::arg("count_idx") = std::vector<int64_t>{},
         "One fused Adam/AdamW step over lists of flat tensors (see ringzero.ops.adam_step_)");
   m.def("sum_squares_list_", &sum_squares_list, py::arg("out"), py::arg("tensors"), py::arg("found_inf") = py::none(),
+        py::arg("scale") = 1.0,
         "out += sum of squares of the tensors; found_inf = 1 if any element is inf or NaN");
 }

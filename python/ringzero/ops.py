@@ -7,6 +7,7 @@ naming the argument); the native code repeats the essential checks as hard error
 """
 from __future__ import annotations
 
+import math
 import numbers
 from typing import Sequence
 
@@ -35,28 +36,32 @@ def flat_buffer(numel: int, dtype: torch.dtype, device, index: int) -> torch.Ten
 
 
 def _check_tensors(ts, arg, op, dtypes, device, numels=None):
+    # Called on every step: the messages are built only on failure, each tensor's device read once.
+    name = lambda k: f"{arg}[{k}]" if len(ts) > 1 else arg  # noqa: E731
     for k, t in enumerate(ts):
-        name = f"{arg}[{k}]" if len(ts) > 1 else arg
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"ringzero.ops.{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+            raise TypeError(f"ringzero.ops.{op}: {name(k)} must be a torch.Tensor, got {type(t).__name__}")
         if t.dtype not in dtypes:
-            raise TypeError(f"ringzero.ops.{op}: {name} has dtype {t.dtype}; use one of "
+            raise TypeError(f"ringzero.ops.{op}: {name(k)} has dtype {t.dtype}; use one of "
                             + ", ".join(str(d) for d in dtypes))
-        if t.device != device:
-            raise ValueError(f"ringzero.ops.{op}: {name} is on {t.device} but the params are on {device}; move it")
+        t_device = t.device
+        if t_device != device:
+            raise ValueError(f"ringzero.ops.{op}: {name(k)} is on {t_device} but the params are on {device}; move it")
         if not t.is_contiguous():
-            raise ValueError(f"ringzero.ops.{op}: {name} must be contiguous; pass a flat view or call .contiguous()")
+            raise ValueError(f"ringzero.ops.{op}: {name(k)} must be contiguous; pass a flat view or call .contiguous()")
         if numels is not None and t.numel() != numels[k]:
-            raise ValueError(f"ringzero.ops.{op}: {name} has {t.numel()} elements but its param has {numels[k]}")
-        if t.device.type not in ("cpu", "cuda"):
-            raise ValueError(f"ringzero.ops.{op}: {name} is on {t.device}; only CPU and CUDA tensors are supported")
+            raise ValueError(f"ringzero.ops.{op}: {name(k)} has {t.numel()} elements but its param has {numels[k]}")
+        if t_device.type not in ("cpu", "cuda"):
+            raise ValueError(f"ringzero.ops.{op}: {name(k)} is on {t_device}; only CPU and CUDA tensors are supported")
 
 
 def _scalar(value, arg, op, device, lo=None, hi=None):
     """A hyperparameter given as a number or a one-element tensor. Returns (host_value, device_tensor).
 
     CPU tensors are read on the host (free); CUDA tensors are passed to the kernel (no sync)."""
-    if isinstance(value, torch.Tensor):
+    if type(value) is float or type(value) is int:  # the common case, without numbers.Real's slow check
+        value = float(value)
+    elif isinstance(value, torch.Tensor):
         if value.numel() != 1:
             raise ValueError(f"ringzero.ops.{op}: {arg} must be a number or a one-element tensor, got shape "
                              f"{tuple(value.shape)}")
@@ -174,12 +179,16 @@ def adam_step_multi_(params: Sequence[torch.Tensor], grads, exp_avgs, exp_avg_sq
 
 
 def adam_launch_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, param_outs, *, lr, beta1, beta2, eps,
-                 weight_decay, adamw, maximize, step, inv_scale=None, found_inf=None):
+                 weight_decay, adamw, maximize, step, inv_scale=None, found_inf=None, counts=None, count_idx=()):
     """The fused kernel call of adam_step_multi_ without its per-tensor checks, for callers whose tensors
     are their own (FusedAdam's state buffers; C++ still checks every tensor hard). lr, inv_scale: numbers
     or one-element tensors (CUDA ones are read on the device); step: a number, or on CUDA a list of
     one-element float32 tensors, one per entry; found_inf: a CUDA tensor, or None (on the CPU the caller
-    skips the step itself)."""
+    skips the step itself). CPU only, counts (a float32 CPU tensor: FusedAdam's step counts) with
+    count_idx (one index per entry): entry k steps with count counts[count_idx[k]] + 1 instead of `step`,
+    and the call then advances those counts (separate torch ops, or even numpy ones, cost 10-15 us each
+    inside the profiler scope torch.optim wraps every step() in: as much as the step of a 16K-element
+    tensor)."""
     if not params:
         return
     lr_v, lr_t = _host_or_device(lr)
@@ -187,7 +196,7 @@ def adam_launch_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, param_ou
     step_ts = list(step) if isinstance(step, (list, tuple)) else []
     _C.adam_step_list_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, param_outs, lr_v, float(beta1),
                        float(beta2), float(eps), float(weight_decay), 1.0 if step_ts else float(step), bool(adamw),
-                       bool(maximize), inv_v, 1.0, lr_t, None, inv_t, None, found_inf, step_ts)
+                       bool(maximize), inv_v, 1.0, lr_t, None, inv_t, None, found_inf, step_ts, counts, list(count_idx))
 
 
 def _host_or_device(value):
@@ -220,6 +229,10 @@ def sum_squares(tensors: Sequence[torch.Tensor], *, inv_scale=None, found_inf=No
         if found_inf.device != device:
             raise ValueError(f"ringzero.ops.{op}: found_inf is on {found_inf.device} but the tensors are on {device}")
     out = torch.zeros((), dtype=torch.float32, device=device)
+    if device.type == "cpu" and (inv_scale is None or not isinstance(inv_scale, torch.Tensor) or not inv_scale.is_cuda):
+        # CPU: scaled inside the call (torch ops on one element cost more than summing a small tensor).
+        _C.sum_squares_list_(out, tensors, found_inf, 1.0 if inv_scale is None else float(inv_scale) ** 2)
+        return out
     _C.sum_squares_list_(out, tensors, found_inf)
     if inv_scale is not None:
         inv = inv_scale.reshape(()) if isinstance(inv_scale, torch.Tensor) else inv_scale
@@ -229,7 +242,16 @@ def sum_squares(tensors: Sequence[torch.Tensor], *, inv_scale=None, found_inf=No
 
 def clip_coef(sum_sq: torch.Tensor, max_norm: float, eps: float = 1e-6) -> torch.Tensor:
     """min(1, max_norm / (sqrt(sum_sq) + eps)) as a tensor on sum_sq's device (no host sync), the
-    coefficient torch.nn.utils.clip_grad_norm_ applies; pass it to adam_step_(clip_coef=...)."""
-    if not isinstance(max_norm, numbers.Real) or not max_norm > 0:
+    coefficient torch.nn.utils.clip_grad_norm_ applies; pass it to adam_step_(clip_coef=...). A CPU
+    sum_sq is computed on the host in double and rounded once (torch's float32 ops may differ by an
+    ulp); inf gives 0, NaN gives NaN, as torch's."""
+    if not (type(max_norm) is float or isinstance(max_norm, numbers.Real)) or not max_norm > 0:
         raise ValueError(f"ringzero.ops.clip_coef: max_norm={max_norm!r} must be a number > 0")
+    if sum_sq.device.type == "cpu" and sum_sq.numel() == 1:
+        # On the host in double, rounded once to float32 (torch's four float32 ops round three times, so
+        # the two can differ in the last bit; they also cost ~25 us, a third of a small mixed step).
+        s = sum_sq.item()
+        norm = math.sqrt(s) + eps if s >= 0 else math.nan  # sqrt of inf is inf; of NaN (or < 0), NaN
+        coef = max_norm / norm if norm != 0 else math.inf
+        return torch.full(sum_sq.shape, coef if not coef > 1.0 else 1.0, dtype=sum_sq.dtype)
     return torch.clamp(max_norm / (sum_sq.sqrt() + eps), max=1.0)

@@ -27,6 +27,9 @@ class _Bucket:
     master: torch.Tensor | None  # 1D float32; master_weights with 16-bit params only
     steps: torch.Tensor  # 1D float32, one step count per param (each state's "step" is a view of it)
 
+    def __post_init__(self):
+        self.on_cpu = self.exp_avg.device.type == "cpu"
+
 
 class FusedAdam(torch.optim.Optimizer):
     """Adam (decoupled_weight_decay=False) or AdamW, same arguments and semantics as torch.optim.Adam.
@@ -191,8 +194,11 @@ class FusedAdam(torch.optim.Optimizer):
         inv_scale, found_inf = self._scaler_inputs(grad_scaler)
         for group in self.param_groups:
             for bucket in self._buckets[id(group)]:
-                device = bucket.exp_avg.device
-                self._step_bucket(group, bucket, inv_scale.get(device), found_inf.get(device))
+                if inv_scale or found_inf:
+                    device = bucket.exp_avg.device
+                    self._step_bucket(group, bucket, inv_scale.get(device), found_inf.get(device))
+                else:
+                    self._step_bucket(group, bucket, None, None)
         return loss
 
     def _step_bucket(self, group, bucket, inv_scale, found_inf):
@@ -202,18 +208,13 @@ class FusedAdam(torch.optim.Optimizer):
         for k in live:
             if bucket.params[k].grad.is_sparse:
                 raise RuntimeError("FusedAdam does not support sparse gradients")
-        if bucket.exp_avg.device.type == "cpu":
+        if bucket.on_cpu:
             if found_inf is not None and float(found_inf) != 0.0:
                 return  # skipped step: nothing written, step counts unchanged (as torch's fused AdamW)
-            # Params of a bucket normally share one step count; those that missed steps (no grad) get
-            # their own call.
-            counts = bucket.steps.tolist()
-            by_count: dict = {}
-            for k in live:
-                by_count.setdefault(counts[k], []).append(k)
-            for count, ks in by_count.items():
-                self._call_kernel(group, bucket, ks, count + 1, inv_scale, None)
-            self._advance(bucket, live, 1)
+            # One call: each param's step comes from its own count in bucket.steps (params that missed
+            # steps have lower counts), which the call then advances (a torch op here would cost more
+            # than a small step: see adam_launch_).
+            self._call_kernel(group, bucket, live, 1.0, inv_scale, None, counts=bucket.steps)
             return
         # CUDA: the whole bucket in one call (one launch per 32 params), each param with its own device
         # step count; a step skipped on found_inf leaves the counts as they were, without a host sync.
@@ -230,7 +231,7 @@ class FusedAdam(torch.optim.Optimizer):
             for k in live:
                 bucket.steps[k].add_(delta)
 
-    def _call_kernel(self, group, bucket, ks, step, inv_scale, found_inf):
+    def _call_kernel(self, group, bucket, ks, step, inv_scale, found_inf, counts=None):
         """The fused pass over the params `ks` (indices into the bucket). Arguments are this optimizer's
         own, checked when the params joined (and hard-checked again in C++), so the kernel is called
         without ops.adam_step_multi_'s per-tensor checks."""
@@ -244,7 +245,7 @@ class FusedAdam(torch.optim.Optimizer):
             [s["max_exp_avg_sq"] for s in states] if group["amsgrad"] else [], ps if with_master else [],
             lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"],
             adamw=group["decoupled_weight_decay"], maximize=group["maximize"], step=step, inv_scale=inv_scale,
-            found_inf=found_inf)
+            found_inf=found_inf, counts=counts, count_idx=ks if counts is not None else ())
 
 
 class FusedAdamW(FusedAdam):
