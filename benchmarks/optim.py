@@ -17,7 +17,8 @@ measured in the same run over the same working set (the best run of a copy_, an 
 in-place addcmul_ over 28 B/param, every byte read or written counted; at 1M params the data stays in cache, and the floor says
 so): no implementation of the step can be faster. Prints the floor in ms, time (median), GB/s
 counted with each row's own bytes per parameter, the fraction of the floor reached (floor / time), and the
-speed ratios baseline_time / our_time against torch fused (or the torch sequence) and the other baselines.
+speed ratios baseline_time / our_time against torch fused (or the torch sequence) and the other baselines:
+the median over reps of the ratio of the two runs of one rep.
 
     python benchmarks/optim.py [--sizes 1M,16M,128M] [--device cpu|cuda] [--threads N] [--cases a,b bf16] [--out FILE]
 
@@ -47,10 +48,10 @@ def sync(device):
         torch.cuda.synchronize()
 
 
-def timed_round_robin(fns, device, reps, setups=None, stat=statistics.median):
+def timed_round_robin(fns, device, reps, setups=None, stat=statistics.median, runs=False):
     """Median (or `stat`) seconds of each fn over reps runs, after two warm-up runs. The fns take turns within each
     rep, so load from other work on a shared machine falls on all of them alike. setups[i]() runs
-    untimed before each run of fns[i]."""
+    untimed before each run of fns[i]. runs=True returns every run's seconds instead (lists of reps)."""
     setups = setups or [None] * len(fns)
     times = [[] for _ in fns]
     for rep in range(reps + 2):
@@ -63,7 +64,7 @@ def timed_round_robin(fns, device, reps, setups=None, stat=statistics.median):
             sync(device)
             if rep >= 2:
                 times[i].append(time.perf_counter() - t0)
-    return [stat(t) for t in times]
+    return times if runs else [stat(t) for t in times]
 
 
 def memory_bandwidth(device, reps, working_set_bytes):
@@ -119,7 +120,7 @@ def case_a(n, device, reps, tensors=None):
         else:
             opts.append(torch.optim.AdamW(params, foreach=name == "torch foreach", fused=name == "torch fused",
                                           **HYPER))
-    return list(zip(names, timed_round_robin([o.step for o in opts], device, reps)))
+    return list(zip(names, timed_round_robin([o.step for o in opts], device, reps, runs=True)))
 
 
 def case_b(n, device, reps, dtype):
@@ -159,7 +160,8 @@ def case_b(n, device, reps, dtype):
             opt.step()  # 28 B
         param16.copy_(tmaster.detach())  # read 4, write 2
 
-    t_theirs, t_ours = timed_round_robin([theirs, ours], device, reps, setups=[lambda: work16.copy_(grad16), None])
+    t_theirs, t_ours = timed_round_robin([theirs, ours], device, reps, setups=[lambda: work16.copy_(grad16), None],
+                                         runs=True)
     return [("torch sequence", t_theirs), ("ringzero", t_ours)]
 
 
@@ -215,7 +217,7 @@ def main():
          f"{'floor':>5} {'vs fused/seq':>12} {'vs foreach':>10} {'vs deepspeed':>12}")
     for s in args.sizes.split(","):
         n = parse_size(s)
-        reps = args.reps or (20 if n <= (4 << 20) else 8 if n <= (32 << 20) else 4)
+        reps = args.reps or (60 if n <= (4 << 20) else 12 if n <= (32 << 20) else 5)
         bw = memory_bandwidth(device, 10, 28 * n)
         cases = (("a", lambda: case_a(n, device, reps)), ("a4", lambda: case_a(n, device, reps, tensors=4)),
                  ("b fp16", lambda: case_b(n, device, reps, torch.float16)),
@@ -223,17 +225,24 @@ def main():
         for case, run in cases:
             if case not in args.cases.split(","):
                 continue
-            rows = run()
-            times = dict(rows)
-            base = times.get("torch fused", times.get("torch sequence"))
+            runs = dict(run())
+            times = {name: statistics.median(r) for name, r in runs.items()}
+            base = "torch fused" if "torch fused" in runs else "torch sequence"
             floor = floor_bytes(case) * n / bw  # the fused step's bytes at the measured bandwidth
-            for name, t in rows:
+
+            def ratio(other):
+                # Median over reps of the paired ratio (the two ran back to back in each rep), which
+                # drifting load on a shared machine disturbs less than a ratio of two medians.
+                if other not in runs:
+                    return ""
+                return f"{statistics.median(a / b for a, b in zip(runs[other], runs['ringzero'])):.2f}x"
+
+            for name, t in times.items():
                 bpp = bytes_per_param(case, name)
                 ours = name == "ringzero"
-                ratio = lambda other: f"{times[other] / t:.2f}x" if ours and other in times else ""  # noqa: E731
                 emit(f"{case:7} {s:>6} {name:15} {bpp:7d} {floor * 1e3:8.2f} {t * 1e3:8.2f} {bpp * n / t / 1e9:6.1f} "
-                     f"{floor / t:5.2f} {f'{base / t:.2f}x' if ours else '':>12} {ratio('torch foreach'):>10} "
-                     f"{ratio('deepspeed cpu'):>12}")
+                     f"{floor / t:5.2f} {ratio(base) if ours else '':>12} {ratio('torch foreach') if ours else '':>10} "
+                     f"{ratio('deepspeed cpu') if ours else '':>12}")
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:
