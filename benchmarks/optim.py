@@ -14,9 +14,9 @@
 
 The floor is the fused step's bytes moved (28 B/param for a, 30 for b) over the memory bandwidth
 measured in the same run over the same working set (the best run of a copy_, an in-place add_ and an
-in-place addcmul_ over 28 B/param, every byte read or written counted, measured before and after each
-size's rows and the better taken; at 1M params the data stays in cache, and the floor says so, while
-the rows taking turns evict each other's data): no implementation of the step can be faster. Prints the floor in ms, time (median), GB/s
+in-place addcmul_ over 28 B/param, every byte read or written counted, taking turns with the case's rows
+in every rep, the best run taken; at 1M params the probe's data stays in cache, and the floor says so,
+while the rows taking turns evict each other's data): no implementation of the step can be faster. Prints the floor in ms, time (median), GB/s
 counted with each row's own bytes per parameter, the fraction of the floor reached (floor / time), and the
 speed ratios baseline_time / our_time against torch fused (or the torch sequence) and the other baselines:
 the median over reps of the ratio of the two runs of one rep.
@@ -68,17 +68,36 @@ def timed_round_robin(fns, device, reps, setups=None, stat=statistics.median, ru
     return times if runs else [stat(t) for t in times]
 
 
-def memory_bandwidth(device, reps, working_set_bytes):
-    """Bytes per second of the fastest of three streaming ops over `working_set_bytes` (the step's own
-    working set, so that a step whose data stays in a cache is held to the cache's speed, not to
-    DRAM's), each at its best run (the ceiling the memory showed, not its typical speed): a copy (read
-    + write counted), an in-place add (two reads, one write) and an in-place addcmul (three reads, one
-    write), the last two closer to Adam's in-place read-modify-write pattern."""
-    n = max(1 << 16, working_set_bytes // 12)  # three float32 tensors: the working set
-    a, b, c = torch.ones(n, device=device), torch.empty(n, device=device), torch.ones(n, device=device)
-    times = timed_round_robin([lambda: b.copy_(a), lambda: b.add_(a), lambda: b.addcmul_(a, c)], device, reps,
-                              stat=min)
-    return max(nbytes * n / t for nbytes, t in zip((8, 12, 16), times))
+class BandwidthProbe:
+    """Streaming ops over the working set of a step of `n_params` float32 parameters (so that a step whose
+    data stays in a cache is held to the cache's speed, not to DRAM's): a copy (read + write counted), an
+    in-place add (two reads, one write) and an in-place addcmul (three reads, one write), and on the CPU
+    ringzero._C.adam_traffic_ (p, m, v += g: the step's own seven streams and 28 B/param without its
+    maths). Its fns take turns with the rows being measured, so the floor is measured at the same
+    moments as the rows (this VM's memory bandwidth drifts by a third within minutes, with its
+    neighbours' load: a floor measured once, before the rows, was beaten by up to 7% in some runs);
+    bandwidth() is the best any run of any of the ops reached."""
+
+    def __init__(self, device, n_params):
+        n3 = max(1 << 16, 28 * n_params // 12)  # three float32 tensors: the step's working set
+        a, b, c = torch.ones(n3, device=device), torch.empty(n3, device=device), torch.ones(n3, device=device)
+        self.fns = [lambda: b.copy_(a), lambda: b.add_(a), lambda: b.addcmul_(a, c)]
+        self.bytes = [8 * n3, 12 * n3, 16 * n3]
+        if device.type == "cpu":
+            n4 = max(1 << 16, n_params)
+            p, g, m, v = (ops.flat_buffer(n4, torch.float32, device, k) for k in range(4))  # no 4K aliasing
+            self.fns.append(lambda: ringzero._C.adam_traffic_(p, g, m, v))
+            self.bytes.append(28 * n4)
+
+    def bandwidth(self, times):
+        """Bytes per second of the fastest run, from timed_round_robin(..., runs=True)'s lists for self.fns."""
+        return max(nbytes / min(t) for nbytes, t in zip(self.bytes, times))
+
+
+def memory_bandwidth(device, reps, n_params):
+    """The probe's bandwidth measured on its own (the headline figure)."""
+    probe = BandwidthProbe(device, n_params)
+    return probe.bandwidth(timed_round_robin(probe.fns, device, reps, runs=True))
 
 
 def split(n, device, dtype, fill):
@@ -99,8 +118,9 @@ def deepspeed_cpu_adam():
     return DeepSpeedCPUAdam
 
 
-def case_a(n, device, reps, tensors=None):
-    """Rows: (name, seconds) for plain float32 AdamW; params as 1M-element tensors, or `tensors` equal ones."""
+def case_a(n, device, reps, probe, tensors=None):
+    """Rows: (name, seconds of each rep) for plain float32 AdamW, params as 1M-element tensors or `tensors`
+    equal ones; and the probe's bandwidth measured between them."""
     names = ["torch foreach", "torch fused", "ringzero"]
     ds_adam = deepspeed_cpu_adam() if device.type == "cpu" else None
     if ds_adam is not None:
@@ -121,12 +141,13 @@ def case_a(n, device, reps, tensors=None):
         else:
             opts.append(torch.optim.AdamW(params, foreach=name == "torch foreach", fused=name == "torch fused",
                                           **HYPER))
-    return list(zip(names, timed_round_robin([o.step for o in opts], device, reps, runs=True)))
+    times = timed_round_robin([o.step for o in opts] + probe.fns, device, reps, runs=True)
+    return list(zip(names, times)), probe.bandwidth(times[len(opts):])
 
 
-def case_b(n, device, reps, dtype):
+def case_b(n, device, reps, dtype, probe):
     """Rows for the mixed-precision step (flat buffers, as ZeRO holds its shard): float16 grads with loss
-    scaling, or bfloat16 grads without."""
+    scaling, or bfloat16 grads without; and the probe's bandwidth measured between them."""
     scaled = dtype == torch.float16
     # Our buffers as ZeRO would hold them: ops.flat_buffer skews each so they do not alias modulo 4 KiB.
     master = ops.flat_buffer(n, torch.float32, device, 0).copy_(rand(n, torch.float32, device))
@@ -161,9 +182,9 @@ def case_b(n, device, reps, dtype):
             opt.step()  # 28 B
         param16.copy_(tmaster.detach())  # read 4, write 2
 
-    t_theirs, t_ours = timed_round_robin([theirs, ours], device, reps, setups=[lambda: work16.copy_(grad16), None],
-                                         runs=True)
-    return [("torch sequence", t_theirs), ("ringzero", t_ours)]
+    times = timed_round_robin([theirs, ours] + probe.fns, device, reps,
+                              setups=[lambda: work16.copy_(grad16)] + [None] * (1 + len(probe.fns)), runs=True)
+    return [("torch sequence", times[0]), ("ringzero", times[1])], probe.bandwidth(times[2:])
 
 
 def bytes_per_param(case, name):
@@ -201,7 +222,7 @@ def main():
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         sys.exit("--device cuda: CUDA is not available here")
-    bw_large = memory_bandwidth(device, 10, 1 << 30)  # 1 GiB: no cache holds it
+    bw_large = memory_bandwidth(device, 10, (1 << 30) // 28)  # a 1 GiB working set: no cache holds it
     where = torch.cuda.get_device_name() if device.type == "cuda" else \
         f"CPU, {torch.get_num_threads()} threads, ISA {ringzero._C.adam_isa()}"
     lines = []
@@ -210,7 +231,8 @@ def main():
         print(line, flush=True)
         lines.append(line)
 
-    emit(f"# device: {where}; memory bandwidth {bw_large / 1e9:.1f} GB/s (best run of copy_, add_, addcmul_ over 1 GiB; each size's floor uses the same ops over its own working set); torch {torch.__version__}; "
+    traffic = ", adam_traffic_" if device.type == "cpu" else ""
+    emit(f"# device: {where}; memory bandwidth {bw_large / 1e9:.1f} GB/s (best run of copy_, add_, addcmul_{traffic} over 1 GiB; each size's floor: the same ops over its own working set, taking turns with its rows); torch {torch.__version__}; "
           f"load average {os.getloadavg()[0]:.1f}")
     if device.type == "cpu" and deepspeed_cpu_adam() is None:
         emit("# deepspeed is not installed here: no DeepSpeedCPUAdam rows")
@@ -219,15 +241,14 @@ def main():
     for s in args.sizes.split(","):
         n = parse_size(s)
         reps = args.reps or (60 if n <= (4 << 20) else 12 if n <= (32 << 20) else 5)
-        bw_before = memory_bandwidth(device, 10, 28 * n)
-        cases = (("a", lambda: case_a(n, device, reps)), ("a4", lambda: case_a(n, device, reps, tensors=4)),
-                 ("b fp16", lambda: case_b(n, device, reps, torch.float16)),
-                 ("b bf16", lambda: case_b(n, device, reps, torch.bfloat16)))
-        results = [(case, dict(run())) for case, run in cases if case in args.cases.split(",")]
-        # The floor's bandwidth is the better of two measurements, before and after the rows: one taken
-        # while another tenant of a shared machine loads the memory would put the floor too high.
-        bw = max(bw_before, memory_bandwidth(device, 10, 28 * n))
-        for case, runs in results:
+        probe = BandwidthProbe(device, n)
+        cases = (("a", lambda: case_a(n, device, reps, probe)), ("a4", lambda: case_a(n, device, reps, probe, tensors=4)),
+                 ("b fp16", lambda: case_b(n, device, reps, torch.float16, probe)),
+                 ("b bf16", lambda: case_b(n, device, reps, torch.bfloat16, probe)))
+        results = [(case, *run()) for case, run in cases if case in args.cases.split(",")]
+        del probe
+        for case, rows, bw in results:
+            runs = dict(rows)
             times = {name: statistics.median(r) for name, r in runs.items()}
             base = "torch fused" if "torch fused" in runs else "torch sequence"
             floor = floor_bytes(case) * n / bw  # the fused step's bytes at the measured bandwidth

@@ -234,6 +234,29 @@ void sum_squares_list(at::Tensor out, std::vector<at::Tensor> xs, std::optional<
 #endif
 }
 
+// The memory traffic of a float32 Adam step with no maths: p, m, v += g (four streams read, three
+// written, 28 B per element, the step's own access pattern and thread split), for the benchmarks' floor:
+// with it the floor does not rest only on how the machine serves torch's two- and three-stream ops.
+void adam_traffic(at::Tensor p, at::Tensor g, at::Tensor m, at::Tensor v) {
+  for (const at::Tensor* t : {&p, &g, &m, &v})
+    TORCH_CHECK_VALUE(t->device().is_cpu() && t->scalar_type() == at::kFloat && t->is_contiguous() &&
+                          t->numel() == p.numel(),
+                      "adam_traffic_: four contiguous float32 CPU tensors of one size");
+  float* pp = p.data_ptr<float>();
+  const float* gp = g.data_ptr<float>();
+  float* mp = m.data_ptr<float>();
+  float* vp = v.data_ptr<float>();
+  py::gil_scoped_release nogil;
+  at::parallel_for(0, p.numel(), kChunkElems, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const float x = gp[i];
+      pp[i] += x;
+      mp[i] += x;
+      vp[i] += x;
+    }
+  });
+}
+
 }  // namespace
 
 void bind_adam(py::module& m) {
@@ -246,6 +269,8 @@ void bind_adam(py::module& m) {
         py::arg("found_inf_t") = py::none(), py::arg("step_ts") = std::vector<at::Tensor>{},
         py::arg("counts_t") = py::none(), py::arg("count_idx") = std::vector<int64_t>{},
         "One fused Adam/AdamW step over lists of flat tensors (see ringzero.ops.adam_step_)");
+  m.def("adam_traffic_", &adam_traffic, py::arg("p"), py::arg("g"), py::arg("m"), py::arg("v"),
+        "p, m, v += g: a float32 Adam step's memory traffic without its maths (the benchmarks' floor)");
   m.def("sum_squares_list_", &sum_squares_list, py::arg("out"), py::arg("tensors"), py::arg("found_inf") = py::none(),
         py::arg("scale") = 1.0,
         "out += sum of squares of the tensors; found_inf = 1 if any element is inf or NaN");
