@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from adam_cases import CASES, SIZES, run_case
+import ringzero
 from ringzero import ops
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -199,3 +200,16 @@ def test_cpu_step_uses_torch_threads():
         torch.set_num_threads(before)
     worked = [tid for tid in end if end[tid] - start.get(tid, 0) >= 5]
     assert len(worked) >= 2, f"only {len(worked)} thread(s) did the work: {end} vs {start}"
+
+
+def test_adam_traffic_adds_the_gradient_to_the_three_state_buffers():
+    """The benchmarks' memory floor (_C.adam_traffic_: p, m, v += g) does what it says, over sizes around
+    the chunk, so the bytes it is credited with are really moved."""
+    gen = torch.Generator().manual_seed(4)
+    for n in (1, 16383, 16385, 70001):
+        p, g, m, v = (torch.randint(-100, 100, (n,), generator=gen).float() for _ in range(4))
+        want = [p + g, m + g, v + g]
+        ringzero._C.adam_traffic_(p, g, m, v)
+        assert all(torch.equal(a, b) for a, b in zip((p, m, v), want))
+    with pytest.raises(ValueError, match="four contiguous float32 CPU tensors"):
+        ringzero._C.adam_traffic_(torch.zeros(3), torch.zeros(4), torch.zeros(3), torch.zeros(3))
