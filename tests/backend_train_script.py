@@ -53,19 +53,21 @@ def train_whole_batch(world: int, steps: int = 20, device="cpu") -> torch.Tensor
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
-def train_ddp(group, steps: int = 20, python_hook: bool = False, device="cpu") -> torch.Tensor:
+def train_ddp(group, steps: int = 20, python_hook: bool = False, device="cpu", compile: bool = False) -> torch.Tensor:
     """Stock torch DDP on `group` (AdamW); returns all parameters flattened (float32, 1D).
-    python_hook: use torch's Python allreduce_hook, which chains on the Work's future."""
+    python_hook: use torch's Python allreduce_hook, which chains on the Work's future.
+    compile: train torch.compile(ddp) (dynamo's DDPOptimizer splits the graph at the buckets)."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     model = _model(device)
     # A small bucket cap gives several buckets, so several all-reduces overlap the backward pass.
-    ddp = DDP(model, process_group=group, bucket_cap_mb=0.05)
+    # (DDPOptimizer refuses buckets smaller than DDP's 1 MB first bucket: compiled runs keep the default.)
+    ddp = DDP(model, process_group=group, **({} if compile else {"bucket_cap_mb": 0.05}))
     if python_hook:
         ddp.register_comm_hook(group, default_hooks.allreduce_hook)
     optim = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
-    _steps(ddp, optim, steps, dist.get_rank(group), device)
+    _steps(torch.compile(ddp) if compile else ddp, optim, steps, dist.get_rank(group), device)
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
