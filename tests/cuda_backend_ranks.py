@@ -176,6 +176,25 @@ def train(rank, world):
     return diffs
 
 
+def train_compiled(rank, world):
+    """Stock DDP under torch.compile (dynamo's DDPOptimizer, inductor) with CUDA tensors on "ringzero"."""
+    import functools
+
+    import ringzero
+    from backend_train_script import train_ddp, train_whole_batch
+
+    torch.cuda.set_device(0)
+    g = dist.new_group(backend="ringzero")
+    ref = train_whole_batch(world, TRAIN_STEPS, device="cuda")
+    ours = functools.partial(train_ddp, compile=True)(g, TRAIN_STEPS, device="cuda")
+    diff = (ours.cpu() - ref.cpu()).abs().max().item()
+    assert diff <= TRAIN_ATOL, f"rank {rank} ddp+compile: max |ringzero - whole batch| {diff} > {TRAIN_ATOL}"
+    stats = ringzero.backend_stats(g, device="cuda")
+    assert not stats["fallback"] and stats["native"].get("allreduce", 0) >= TRAIN_STEPS, stats
+    print(f"rank {rank}/{world}: compiled DDP, max |diff| against one process on the whole batch: {diff}", flush=True)
+    return diff
+
+
 def absent(rank, world):
     import ringzero
 
@@ -194,6 +213,6 @@ def absent(rank, world):
 if __name__ == "__main__":
     world, mode = int(sys.argv[1]), sys.argv[2]
     env = dict(SMALL, RINGZERO_TIMEOUT_S="3") if mode == "absent" else SMALL
-    results = run_ranks(world, {"ops": ops, "train": train, "absent": absent}[mode], env=env, timeout_s=540)
+    results = run_ranks(world, {"ops": ops, "train": train, "train_compiled": train_compiled, "absent": absent}[mode], env=env, timeout_s=540)
     assert all(results), results
     print(f"ok {world} ranks {mode}: {results[0]}")

@@ -28,6 +28,14 @@ def test_stock_ddp_and_fsdp2_match_one_process(world):
 
 
 @gpu
+@pytest.mark.parametrize("world", [2, 4])
+def test_compiled_stock_ddp_matches_one_process(world):
+    pytest.importorskip("triton", reason="torch.compile on CUDA needs triton (inductor's GPU code generator)")
+    out = run_script("cuda_backend_ranks.py", str(world), "train_compiled", timeout_s=540)
+    assert f"ok {world} ranks train_compiled" in out, out
+
+
+@gpu
 def test_rank_missing_at_the_cuda_rendezvous_raises_comm_timeout():
     out = run_script("cuda_backend_ranks.py", "3", "absent", timeout_s=120)
     assert "ok 3 ranks absent" in out, out
