@@ -15,6 +15,9 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <utility>
 #include <vector>
 
 #include "cuda/adam.h"
@@ -227,15 +230,32 @@ __global__ void __launch_bounds__(kThreads) sum_squares_multi_kernel(SumSquaresL
   }
 }
 
-// Blocks that fill the GPU once (resident blocks per SM x SMs), never more than the chunks.
+// Blocks that fill the GPU once (resident blocks per SM x SMs), never more than the chunks. The count
+// is asked once per (kernel, device) and kept: the occupancy query costs about a microsecond, at every
+// launch otherwise. Keyed by the kernel's address, since kernels of one signature share this template.
 template <class Kernel>
 cudaError_t grid_for(Kernel kernel, int chunks, int* grid) {
-  int device = 0, sms = 0, per_sm = 0;
+  static std::mutex mu;
+  static std::map<std::pair<const void*, int>, int> full_grid;
+  int device = 0;
   cudaError_t err = cudaGetDevice(&device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  if (err == cudaSuccess) err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0);
   if (err != cudaSuccess) return err;
-  const int full = (sms > 0 ? sms : 1) * (per_sm > 0 ? per_sm : 1);
+  const std::pair<const void*, int> key{reinterpret_cast<const void*>(kernel), device};
+  int full = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = full_grid.find(key);
+    if (it != full_grid.end()) full = it->second;
+  }
+  if (full == 0) {
+    int sms = 0, per_sm = 0;
+    err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (err == cudaSuccess) err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0);
+    if (err != cudaSuccess) return err;
+    full = (sms > 0 ? sms : 1) * (per_sm > 0 ? per_sm : 1);
+    std::lock_guard<std::mutex> lock(mu);
+    full_grid[key] = full;
+  }
   *grid = chunks < full ? chunks : full;
   return cudaSuccess;
 }
