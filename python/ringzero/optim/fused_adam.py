@@ -28,7 +28,8 @@ class _Bucket:
     steps: torch.Tensor  # 1D float32, one step count per param (each state's "step" is a view of it)
 
     def __post_init__(self):
-        self.on_cpu = self.exp_avg.device.type == "cpu"
+        self.device = self.exp_avg.device  # read once: each .device makes a new torch.device
+        self.on_cpu = self.device.type == "cpu"
 
 
 class FusedAdam(torch.optim.Optimizer):
@@ -194,11 +195,7 @@ class FusedAdam(torch.optim.Optimizer):
         inv_scale, found_inf = self._scaler_inputs(grad_scaler)
         for group in self.param_groups:
             for bucket in self._buckets[id(group)]:
-                if inv_scale or found_inf:
-                    device = bucket.exp_avg.device
-                    self._step_bucket(group, bucket, inv_scale.get(device), found_inf.get(device))
-                else:
-                    self._step_bucket(group, bucket, None, None)
+                self._step_bucket(group, bucket, inv_scale.get(bucket.device), found_inf.get(bucket.device))
         return loss
 
     def _step_bucket(self, group, bucket, inv_scale, found_inf):
