@@ -13,6 +13,7 @@
 #include <cstring>
 #include <sstream>
 #include <thread>
+#include <utility>
 
 #include "chunks.h"
 #include "errors.h"
@@ -35,17 +36,32 @@ constexpr uint64_t kMagic = 0x72696e677a65726fULL;  // "ringzero"
 constexpr int kMaxRanks = 256;
 constexpr size_t kHeaderBytes = 4096;
 constexpr size_t kPageBytes = 4096;
-// Wait backoff: spin briefly (only when every rank has a core), then yield, then sleep in growing
-// steps. A peer that is not running cannot be waited for by spinning: with another process on the core,
-// a 16k-iteration spin cost ~460 us per collective on the 2-core CI machine (2026-11-21), a 20 us spin
-// keeps the idle-machine latency and hands the core over quickly. The sleep cap bounds the latency
-// lost by a long wait.
-constexpr double kSpinS = 20e-6;
+// [Note: waiting in the shared-memory collectives]
+// A waiter spins (with pause) while its peer is expected soon, then sleeps in the kernel on the futex
+// word of the peer it still waits for, which that peer wakes when it makes progress; every sleep is
+// bounded by kCheckEveryS, after which it checks the abort flag, the peers' liveness and the deadline.
+// It spins only when every rank of the host has a core of its own (ranks <= usable cpus) and the caller
+// is blocked on the result (a synchronous call; an async call's worker thread, or the c10d backend's,
+// shares its core with the rank's compute, so it sleeps at once: set_spin(false)). It spins for up to
+// kSpinS, then sleeps. While spinning it calls sched_yield only when the peer it waits for last ran on
+// this very core (each rank publishes the core it signalled from): other load has put both ranks on
+// one core, and the peer needs it.
+// It never yields otherwise. Yielding was the cause of the slow regime of issue 24 (every size at
+// 1-2 GB/s, 4-64 KiB at ~40 us, from run to run, while MPI stayed fast): with any other runnable
+// task on the core (a build, a test, a thread of another process), sched_yield hands it the core and
+// the scheduler (EEVDF, Linux 6.6+) pushes the yielder's deadline back by a slice, so the waiter came
+// back long after its peer had arrived. Sleeping early is no cure: a futex wake took 10-20 us on the
+// idle 2-core VM and ~200 us with a niced busy loop beside the ranks, and once one rank's wake is
+// late, its peer's next wait runs past a short spin too, so every call paid a sleep. Measured on the
+// 2-core VM, 2026-11-25 (2 ranks, one `nice -n 19` busy loop beside them, median us per 4 KiB / 64 KiB
+// / 1 MiB / 16 MiB all-reduce): yield after 20 us (before): 18 / 45 / 147 / 3061; sleep after 200 us:
+// 213 / 217 / 517 / 1493; sleep after 5 ms: 2.6 / 7.7 / 59 / 1167 (idle machine: 2.9 / 8.2 / 61 / 1300).
+// With two busy loops (both cores shared) a 5 ms spin still fell into the sleep cascade at 1 MiB
+// (6.7 ms), a 50 ms spin did not (58 us). MPI libraries poll without bound; 50 ms bounds what a rank
+// waiting for a late peer (one still computing, or checkpointing) burns before it sleeps.
+constexpr double kSpinS = 0.05;
+constexpr double kYieldToPeerS = 20e-6;  // spin this long before handing the core to a peer on it
 constexpr int kClockEvery = 64;  // spin iterations between clock reads
-constexpr double kYieldS = 0.005;
-// Without spinning (more ranks than cores, or a waiter whose process computes on other threads),
-// a waiter sleeps in the kernel on its peer's futex word and the peer wakes it on arrival: under
-// oversubscription a polling sleep costs a scheduling delay per phase, a futex wake does not.
 constexpr double kCheckEveryS = 0.02;  // abort flag, peer liveness and deadline
 
 double now_s() {
@@ -100,9 +116,11 @@ struct alignas(128) ShmComm::Control {
   std::atomic<uint64_t> done;         // last slice whose peer reads this rank has finished
   std::atomic<uint64_t> last_seq;     // sequence number of the last collective this rank completed
   std::atomic<int32_t> last_kind;     // and its kind (a CollectiveKind)
-  std::atomic<uint32_t> arrive_word;  // low 32 bits of arrive: the futex word sleepers wait on
-  std::atomic<uint32_t> sleepers;     // ranks asleep (or about to be) on arrive_word
-  char pad[128 - 3 * sizeof(std::atomic<uint64_t>) - sizeof(std::atomic<int32_t>) - 2 * sizeof(std::atomic<uint32_t>)];
+  std::atomic<uint32_t> arrive_word;  // low 32 bits of arrive: the futex word phase waiters sleep on
+  std::atomic<uint32_t> done_word;    // low 32 bits of done: the futex word slot waiters sleep on
+  std::atomic<uint32_t> sleepers;     // ranks asleep (or about to be) on either word
+  std::atomic<int32_t> cpu;           // the core this rank last signalled from (a hint for waiters)
+  char pad[128 - 3 * sizeof(std::atomic<uint64_t>) - 2 * sizeof(std::atomic<int32_t>) - 3 * sizeof(std::atomic<uint32_t>)];
   Fingerprint fp[2];  // by slice parity, like the slots
 };
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "cross-process flags need lock-free atomics");
@@ -129,7 +147,7 @@ ShmComm::ShmComm(const std::string& name, int rank, int nranks, size_t slot_byte
   if (static_cast<int>(group_ranks_.size()) != nranks)
     throw InvalidArgument("group_ranks must have one entry per local rank");
   for (int i = 0; i < nranks; ++i) all_ranks_.push_back(i);
-  spin_ = nranks <= usable_cpus();
+  spin_allowed_ = spin_ = nranks <= usable_cpus();
 
   seg_ = ShmSegment::create_or_open(name, segment_bytes(nranks, slot_bytes),
                                     SegmentTag{kMagic, nranks, 0, slot_bytes}, "communicator");
@@ -156,13 +174,27 @@ void ShmComm::start_op(CollectiveKind kind, DType dtype, ReduceOp op, int root, 
   ++seq_;
   current_ = Fingerprint{seq_, static_cast<int32_t>(kind), static_cast<int32_t>(dtype),
                          static_cast<int32_t>(op), root, count};
-  op_deadline_ = now_s() + timeout_s_;
+  op_start_ = now_s();
+  op_deadline_ = op_start_ + timeout_s_;
+  history_[seq_ % kHistory] = OpRecord{seq_, kind, dtype, count, op_start_, -1.0, OpRecord::Running};
   check_abort();
 }
 
-void ShmComm::finish_op() {
+void ShmComm::finish_op(OpRecord::Status status) {
+  const double seconds = now_s() - op_start_;
+  busy_s_ += seconds;
+  OpRecord& r = history_[seq_ % kHistory];
+  r.seconds = seconds;
+  r.status = status;
+  if (status != OpRecord::Ok) return;
   control(rank_)->last_kind.store(current_.kind, std::memory_order_relaxed);
   control(rank_)->last_seq.store(current_.seq, std::memory_order_release);
+}
+
+std::vector<ShmComm::OpRecord> ShmComm::history() const {
+  std::vector<OpRecord> out;
+  for (uint64_t s = seq_ >= kHistory ? seq_ - kHistory + 1 : 1; s <= seq_; ++s) out.push_back(history_[s % kHistory]);
+  return out;
 }
 
 std::string ShmComm::last_completed_table() const {
@@ -177,44 +209,76 @@ std::string ShmComm::last_completed_table() const {
   return s.str();
 }
 
+// Both progress counters are published the same way: the counter (release, for the data it guards),
+// then its futex word, seq_cst, then a seq_cst load of `sleepers`, paired with the sleeper's increment
+// of `sleepers` then load of the word in wait_until: either we see the sleeper and wake it, or it sees
+// the new word and does not sleep.
 void ShmComm::signal() {
   Control* c = control(rank_);
+  c->cpu.store(sched_getcpu(), std::memory_order_relaxed);
   c->arrive.store(++phase_, std::memory_order_release);
-  // seq_cst store then load, paired with the sleeper's increment then load in wait_for: either we
-  // see the sleeper and wake it, or it sees the new word and does not sleep.
   c->arrive_word.store(static_cast<uint32_t>(phase_));
   if (c->sleepers.load() != 0) futex_wake_all(&c->arrive_word);
 }
 
+void ShmComm::end_slice(uint64_t k) {
+  Control* c = control(rank_);
+  c->done.store(k, std::memory_order_release);
+  c->done_word.store(static_cast<uint32_t>(k));
+  if (c->sleepers.load() != 0) futex_wake_all(&c->done_word);
+}
+
+// The one wait of the collectives ([Note: waiting in the shared-memory collectives]): returns once
+// ready() holds. blocker() names the local rank still waited for and the futex word it advances;
+// check(t) runs every kCheckEveryS (abort flag, liveness, deadline) and throws to end the wait.
+template <typename Ready, typename Blocker, typename Check>
+void ShmComm::wait_until(Ready ready, Blocker blocker, Check check) {
+  if (ready()) return;
+  const double start = now_s();
+  double next_check = start + kCheckEveryS;
+  for (int iter = 1;; ++iter) {
+    if (ready()) return;
+    if (spin_ && iter % kClockEvery != 0) {
+      RZ_CPU_RELAX();
+      continue;
+    }
+    const double t = now_s();
+    const auto [q, word] = blocker();
+    Control* peer = control(q);
+    if (spin_ && t - start < kSpinS) {
+      // The peer last ran on this core, so it most likely waits in this core's run queue: hand it the
+      // core (a yield to anything else is what made the slow regime).
+      if (t - start >= kYieldToPeerS && peer->cpu.load(std::memory_order_relaxed) == sched_getcpu()) sched_yield();
+    } else {
+      peer->sleepers.fetch_add(1);
+      const uint32_t seen = word->load();
+      if (!ready()) futex_wait(word, seen, kCheckEveryS);
+      peer->sleepers.fetch_sub(1);
+    }
+    if (t >= next_check) {
+      next_check = t + kCheckEveryS;
+      check(t);
+    }
+  }
+}
+
 uint64_t ShmComm::begin_slice() {
   const uint64_t k = ++slice_;
-  if (k > 2) {
-    // Slot parity k % 2 was last used by slice k - 2: every reader of it must be finished.
-    for (int q = 0; q < nranks_; ++q) {
-      if (control(q)->done.load(std::memory_order_acquire) >= k - 2) continue;
-      const double start = now_s();
-      double next_check = start + kCheckEveryS;
-      for (int iter = 0; control(q)->done.load(std::memory_order_acquire) < k - 2; ++iter) {
-        if (spin_ && (iter % kClockEvery != 0 || now_s() - start < kSpinS)) {
-          RZ_CPU_RELAX();
-          continue;
-        }
-        sched_yield();
-        const double t = now_s();
-        if (t >= next_check) {
-          next_check = t + kCheckEveryS;
-          check_abort();
-          const int pid = static_cast<Header*>(seg_.data())->pids[q].load();
-          if (process_gone(pid) || t > op_deadline_)
-            fail_wait({q}, 0, process_gone(pid) ? "a peer exited" : "timed out");
-        }
-      }
-    }
+  if (k <= 2) return k;
+  // Slot parity k % 2 was last used by slice k - 2: every reader of it must be finished.
+  const Header* h = static_cast<const Header*>(seg_.data());
+  for (int q = 0; q < nranks_; ++q) {
+    Control* c = control(q);
+    wait_until([&] { return c->done.load(std::memory_order_acquire) >= k - 2; },
+               [&] { return std::pair<int, std::atomic<uint32_t>*>(q, &c->done_word); },
+               [&](double t) {
+                 check_abort();
+                 const bool gone = process_gone(h->pids[q].load());
+                 if (gone || t > op_deadline_) fail_wait({q}, 0, gone ? "a peer exited" : "timed out");
+               });
   }
   return k;
 }
-
-void ShmComm::end_slice(uint64_t k) { control(rank_)->done.store(k, std::memory_order_release); }
 
 void ShmComm::wait_one(int r, uint64_t phase) { wait_for(std::vector<int>{r}, phase); }
 
@@ -222,42 +286,23 @@ void ShmComm::wait_all(uint64_t phase) { wait_for(all_ranks_, phase); }
 
 void ShmComm::wait_for(const std::vector<int>& ranks, uint64_t phase) {
   size_t ready = 0;  // counters only grow, so ranks[0..ready) stay ready
-  auto advance = [&] {
-    while (ready < ranks.size() && control(ranks[ready])->arrive.load(std::memory_order_acquire) >= phase)
-      ++ready;
-    return ready == ranks.size();
-  };
-  if (advance()) return;
-  const double start = now_s();
-  double next_check = start + kCheckEveryS;
-  for (int iter = 0;; ++iter) {
-    if (advance()) return;
-    if (spin_ && (iter % kClockEvery != 0 || now_s() - start < kSpinS)) {
-      RZ_CPU_RELAX();
-      continue;
-    }
-    const double t = now_s();
-    if (spin_ && t - start < kYieldS) {
-      sched_yield();
-    } else {
-      Control* peer = control(ranks[ready]);
-      peer->sleepers.fetch_add(1);
-      const uint32_t seen = peer->arrive_word.load();
-      if (peer->arrive.load() < phase) futex_wait(&peer->arrive_word, seen, kCheckEveryS);
-      peer->sleepers.fetch_sub(1);
-    }
-    if (t >= next_check) {
-      next_check = t + kCheckEveryS;
-      check_abort();
-      const Header* h = static_cast<const Header*>(seg_.data());
-      for (size_t i = ready; i < ranks.size(); ++i) {
-        const int q = ranks[i];
-        if (control(q)->arrive.load(std::memory_order_acquire) < phase && process_gone(h->pids[q].load()))
-          fail_wait(ranks, phase, "a peer exited");
-      }
-      if (t > op_deadline_) fail_wait(ranks, phase, "timed out");
-    }
-  }
+  const Header* h = static_cast<const Header*>(seg_.data());
+  wait_until(
+      [&] {
+        while (ready < ranks.size() && control(ranks[ready])->arrive.load(std::memory_order_acquire) >= phase)
+          ++ready;
+        return ready == ranks.size();
+      },
+      [&] { return std::pair<int, std::atomic<uint32_t>*>(ranks[ready], &control(ranks[ready])->arrive_word); },
+      [&](double t) {
+        check_abort();
+        for (size_t i = ready; i < ranks.size(); ++i) {
+          const int q = ranks[i];
+          if (control(q)->arrive.load(std::memory_order_acquire) < phase && process_gone(h->pids[q].load()))
+            fail_wait(ranks, phase, "a peer exited");
+        }
+        if (t > op_deadline_) fail_wait(ranks, phase, "timed out");
+      });
 }
 
 void ShmComm::fail_wait(const std::vector<int>& ranks, uint64_t phase, const char* why) {

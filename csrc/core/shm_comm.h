@@ -51,9 +51,12 @@ class ShmComm {
   size_t slot_bytes() const { return slot_bytes_; }
   uint64_t seq() const { return seq_; }
   void set_timeout(double timeout_s) { timeout_s_ = timeout_s; }
-  // Spinning is on by default when every rank has a core; a caller whose rank computes on other
-  // threads while it waits (the c10d backend's worker thread) turns it off to leave them the core.
-  void set_spin(bool spin) { spin_ = spin && spin_; }
+  // Whether waits may spin before they sleep: on by default when every rank has a core (never
+  // otherwise); a caller whose rank computes on other threads while it waits (an async call's worker,
+  // the c10d backend's worker thread) turns it off to leave them the core, and may turn it on again for
+  // a blocking call. [Note: waiting in the shared-memory collectives] in shm_comm.cpp.
+  void set_spin(bool spin) { spin_ = spin && spin_allowed_; }
+  bool spin() const { return spin_; }
 
   // All pointers are this process's memory; counts are elements. `in` may equal `out` where shapes
   // allow (all_reduce, broadcast, reduce). Every rank of the host must call the same collective with
@@ -74,6 +77,24 @@ class ShmComm {
   // The algorithm Auto picks for this message size (exposed for tests and the benchmark).
   AllReduceAlgo choose_all_reduce(size_t bytes) const;
 
+  // This rank's last kHistory collectives, oldest first, for the flight recorder (comm/flight.py):
+  // the callers' fast path records nothing itself. Times are steady-clock seconds (CLOCK_MONOTONIC,
+  // the clock of Python's time.perf_counter); seconds < 0 while the op runs.
+  struct OpRecord {
+    enum Status : int32_t { Running = 0, Ok = 1, Failed = 2 };
+    uint64_t seq;
+    CollectiveKind kind;
+    DType dtype;
+    uint64_t count;
+    double start_s;
+    double seconds;
+    Status status;
+  };
+  static constexpr int kHistory = 64;
+  std::vector<OpRecord> history() const;
+  // Seconds spent inside collectives since construction.
+  double busy_s() const { return busy_s_; }
+
  public:
   struct Header;   // defined in shm_comm.cpp
   struct Control;
@@ -90,10 +111,12 @@ class ShmComm {
   void wait_for(const std::vector<int>& ranks, uint64_t phase);
   void wait_all(uint64_t phase);
   void wait_one(int r, uint64_t phase);
+  template <typename Ready, typename Blocker, typename Check>
+  void wait_until(Ready ready, Blocker blocker, Check check);
   void start_op(CollectiveKind kind, DType dtype, ReduceOp op, int root, uint64_t count);
-  void finish_op();
+  void finish_op(OpRecord::Status status = OpRecord::Ok);
   // Starts an op and, when the scope ends without an exception, records it as this rank's last
-  // completed op (peers print it when they time out waiting for us).
+  // completed op (peers print it when they time out waiting for us); the history records both ends.
   struct OpGuard {
     ShmComm* comm;
     int uncaught;
@@ -101,9 +124,7 @@ class ShmComm {
         : comm(c), uncaught(std::uncaught_exceptions()) {
       comm->start_op(kind, dtype, op, root, count);
     }
-    ~OpGuard() {
-      if (std::uncaught_exceptions() == uncaught) comm->finish_op();
-    }
+    ~OpGuard() { comm->finish_op(std::uncaught_exceptions() == uncaught ? OpRecord::Ok : OpRecord::Failed); }
   };
   std::string last_completed_table() const;
   void publish_fingerprint(uint64_t k);
@@ -128,8 +149,12 @@ class ShmComm {
   uint64_t slice_ = 0;  // slices this rank has started
   uint64_t seq_ = 0;    // collectives this rank has started
   Fingerprint current_{};
+  double op_start_ = 0;     // steady-clock seconds
   double op_deadline_ = 0;  // steady-clock seconds
-  bool spin_ = true;        // false when more ranks than cores: yield at once
+  double busy_s_ = 0;
+  OpRecord history_[kHistory] = {};
+  bool spin_allowed_ = true;  // false when more ranks than cores
+  bool spin_ = true;          // waits spin before they sleep (see set_spin)
 };
 
 }  // namespace ringzero

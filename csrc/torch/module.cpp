@@ -108,6 +108,23 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("slot_bytes", &ShmComm::slot_bytes)
       .def("unlink", &ShmComm::unlink)
       .def("set_timeout", &ShmComm::set_timeout)
+      .def("set_spin", &ShmComm::set_spin, py::arg("spin"),
+           "Whether waits may spin before sleeping (never when ranks outnumber cores); see shm_comm.cpp")
+      .def_property_readonly("spin", static_cast<bool (ShmComm::*)() const>(&ShmComm::spin))
+      .def("history",
+           [](const ShmComm& c) {
+             // [seq, op, dtype name, numel, start perf_counter, seconds or None, status]: comm/flight.py's entries
+             static const char* kStatus[] = {"running", "ok", "failed"};
+             py::list out;
+             for (const ShmComm::OpRecord& r : c.history()) {
+               py::object seconds = r.seconds < 0 ? py::object(py::none()) : py::object(py::float_(r.seconds));
+               out.append(py::make_tuple(r.seq, collective_name(r.kind), dtype_name(r.dtype), r.count, r.start_s, seconds,
+                                         kStatus[r.status]));
+             }
+             return out;
+           },
+           "This rank's last 64 collectives on the segment, oldest first (for the flight recorder)")
+      .def_property_readonly("busy_s", &ShmComm::busy_s)
       .def("choose_all_reduce", [](const ShmComm& c, size_t bytes) { return static_cast<int>(c.choose_all_reduce(bytes)); })
       .def("all_reduce",
            [](ShmComm& c, at::Tensor in, at::Tensor out, int op, int algo) {
@@ -120,6 +137,10 @@ PYBIND11_MODULE(_C, m) {
            [](ShmComm& c, at::Tensor in, at::Tensor out, int op) {
              const DType d = check_pair(in, out);
              TORCH_CHECK_VALUE(in.numel() == out.numel() * c.nranks(), "input must have world_size * output.numel() elements");
+             const char* i0 = static_cast<const char*>(in.data_ptr());
+             const char* o0 = static_cast<const char*>(out.data_ptr());
+             TORCH_CHECK_VALUE(out.numel() == 0 || c.nranks() == 1 || o0 + out.nbytes() <= i0 || i0 + in.nbytes() <= o0,
+                               "output must not overlap input");
              py::gil_scoped_release nogil;
              c.reduce_scatter(in.data_ptr(), out.data_ptr(), out.numel(), d, to_op(op));
            })

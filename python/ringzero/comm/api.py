@@ -15,6 +15,7 @@ from .types import SUPPORTED_DTYPES, ReduceOp, to_reduce_op
 from .work import Work
 
 _SUPPORTED = frozenset(SUPPORTED_DTYPES)
+_OP_CODES = {op: int(op) for op in ReduceOp}  # pybind takes plain ints, not IntEnum members
 
 
 def _resolve_group(group, op: str):
@@ -34,12 +35,15 @@ def _comm(group, op: str):
     """The Communicator for `group` (None: the default group), or None on ranks outside the group
     (torch.distributed returns without doing anything there; so do we). The fast path is one dict
     lookup and two identity checks: per-call overhead matters at 4 KiB."""
+    comm = FAST.get(id(group))
+    if comm is not None:
+        if group is None:
+            if comm.group is _c10d._world.default_pg:  # not None: the default group is alive
+                return comm
+        elif comm.group is group and dist.is_initialized():
+            return comm
     if not dist.is_initialized():
         _resolve_group(group, op)  # raises the explanatory error
-    default = _c10d._world.default_pg
-    comm = FAST.get(id(group))
-    if comm is not None and (comm.group is group or (group is None and comm.group is default)):
-        return comm
     g = _resolve_group(group, op)
     if dist.get_rank(g) < 0:
         return None
@@ -101,7 +105,12 @@ def all_reduce(tensor: torch.Tensor, op=ReduceOp.SUM, group=None, async_op: bool
     """Reduces `tensor` in place across all ranks of `group` (every rank must call it with the same
     dtype and numel). CPU or CUDA tensors (CUDA: float32, bfloat16, float16, int32, int64; see
     comm/cuda.py for streams). Returns a Work handle when async_op=True, else None."""
-    op_ = to_reduce_op(op)
+    comm = FAST.get(id(group))
+    if (comm is not None and comm.shm_direct and not async_op and type(op) is ReduceOp and type(tensor) is torch.Tensor
+            and tensor.is_cpu and comm.serves(group)):
+        if comm.direct(comm.shm.all_reduce, "all_reduce", tensor, tensor, _OP_CODES[op], comm.algo):
+            return None
+    op_ = op if type(op) is ReduceOp else to_reduce_op(op)
     _check_tensor(tensor, "tensor", "all_reduce", cuda_kernel=True)
     comm = _comm(group, "all_reduce")
     if comm is None:
@@ -113,6 +122,11 @@ def reduce_scatter_single(output: torch.Tensor, input: torch.Tensor, op=ReduceOp
                           async_op: bool = False):
     """output (numel k) on group rank r receives block r (elements [r*k, (r+1)*k)) of `input`
     (numel world*k) reduced across ranks. `input` is not modified."""
+    comm = FAST.get(id(group))
+    if (comm is not None and comm.shm_direct and not async_op and type(op) is ReduceOp and type(output) is torch.Tensor
+            and type(input) is torch.Tensor and output.is_cpu and comm.serves(group)):
+        if comm.direct(comm.shm.reduce_scatter, "reduce_scatter", input, output, _OP_CODES[op]):
+            return None
     op_ = to_reduce_op(op)
     _check_pair(output, "output", input, "input", "reduce_scatter_single")
     comm = _comm(group, "reduce_scatter_single")
@@ -132,6 +146,11 @@ def reduce_scatter_single(output: torch.Tensor, input: torch.Tensor, op=ReduceOp
 
 def all_gather_single(output_tensor: torch.Tensor, input_tensor: torch.Tensor, group=None, async_op: bool = False):
     """output_tensor (numel world*k) receives every rank's input_tensor (numel k) in rank order."""
+    comm = FAST.get(id(group))
+    if (comm is not None and comm.shm_direct and not async_op and type(output_tensor) is torch.Tensor
+            and type(input_tensor) is torch.Tensor and output_tensor.is_cpu and comm.serves(group)):
+        if comm.direct(comm.shm.all_gather, "all_gather", input_tensor, output_tensor):
+            return None
     _check_pair(output_tensor, "output_tensor", input_tensor, "input_tensor", "all_gather_single")
     comm = _comm(group, "all_gather_single")
     if comm is None:

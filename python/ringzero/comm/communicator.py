@@ -19,6 +19,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch.distributed import distributed_c10d as _c10d
 
 from .. import _C
 from .cuda import CudaPath
@@ -52,6 +53,7 @@ class Communicator:
         self.flight = FlightRecorder(dist.get_rank(), f"group of {self.world} ranks {self.global_ranks[:8]}",
                                      cfg.flight_dir)
         self.shm = None
+        self.shm_direct = False  # every collective of this group runs on self.shm (the api's fast path)
         self._lock = threading.Lock()
         self._pending = 0
         self._executor = None
@@ -62,6 +64,10 @@ class Communicator:
         self.single_host, self.hierarchical = topo.single_host, topo.hierarchical
         if self.local_world > 1:
             self._setup_shm()
+        self.shm_direct = self.single_host and self.shm is not None
+        if self.shm is not None:  # the bound method, not a lambda over self: no cycle keeps the group alive
+            self.flight.sources["shared-memory collectives (their own record, the api's fast path included)"] = \
+                self.shm.history
 
         self.flat_ring = None
         self.cross_ring = None
@@ -102,27 +108,56 @@ class Communicator:
             if self._pending == 0:  # read under the GIL; only the calling thread submits
                 self._logged(fn, entry)
                 return None
-            self._submit(lambda: self._logged(fn, entry)).result()
+            self._submit(lambda: self._logged(fn, entry, queued=True)).result()
             return None
-        return Work(self._submit(lambda: self._logged(fn, entry)), result)
+        return Work(self._submit(lambda: self._logged(fn, entry, queued=True)), result)
 
-    def _logged(self, fn, entry):
-        # Calls execute one at a time (inline or on the worker), so this is the running call's number,
-        # which with async_op can lag self.seq (the number of calls submitted).
-        self._running_seq = entry[0]
+    def serves(self, group) -> bool:
+        """Whether this communicator (found by id(group) in FAST) is still the one of `group`."""
+        if group is None:
+            return self.group is _c10d._world.default_pg
+        return self.group is group and dist.is_initialized()
+
+    def direct(self, native, op: str, *args) -> bool:
+        """The api's fast path for a blocking collective on this host's shared memory: native(*args) on
+        the calling thread, counted (seq, busy time) like run() and logged by ShmComm's own history
+        (which the flight recorder dumps). False, having done nothing, when run() must take the call:
+        calls are queued behind async ones, or the native argument checks refused the tensors (the
+        api then explains the problem in its own words)."""
+        if self._pending:
+            return False
+        self.seq += 1
+        self._running_seq = self.seq
         t0 = time.perf_counter()
+        try:
+            native(*args)
+        except (TypeError, ValueError):
+            self.seq -= 1
+            return False
+        except (CommTimeout, CollectiveMismatch) as e:
+            path = self.flight.dump(f"{op} #{self.seq}: {type(e).__name__}")
+            raise type(e)(f"{e}\nflight recorder of this rank: {path}") from e
+        finally:
+            self.busy_s += time.perf_counter() - t0
+        return True
+
+    def _logged(self, fn, entry, queued: bool = False):
+        # Calls execute one at a time (inline or on the worker), so this is the running call's number,
+        # which with async_op can lag self.seq (the number of calls submitted). The busy time counts
+        # from the entry's start: a queued call's start moves to when it begins to run.
+        self._running_seq = entry[0]
+        if queued:
+            entry[4] = time.perf_counter()
         try:
             fn()
         except (CommTimeout, CollectiveMismatch) as e:
-            self.flight.end(entry, type(e).__name__)
+            self.busy_s += self.flight.end(entry, type(e).__name__)
             path = self.flight.dump(f"{entry[1]} #{entry[0]}: {type(e).__name__}")
             raise type(e)(f"{e}\nflight recorder of this rank: {path}") from e
         except BaseException as e:
-            self.flight.end(entry, type(e).__name__)
+            self.busy_s += self.flight.end(entry, type(e).__name__)
             raise
-        finally:
-            self.busy_s += time.perf_counter() - t0
-        self.flight.end(entry)
+        self.busy_s += self.flight.end(entry)
 
     def _submit(self, fn) -> concurrent.futures.Future:
         with self._lock:
@@ -131,9 +166,17 @@ class Communicator:
                 self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ringzero-comm")
 
         def task():
+            # The caller goes on computing while this runs, so the wait must not spin on its core
+            # ([Note: waiting in the shared-memory collectives], csrc/core/shm_comm.cpp); inline calls
+            # run only once nothing is pending, by then spinning is back on.
+            shm = self.shm
+            if shm is not None:
+                shm.set_spin(False)
             try:
                 fn()
             finally:
+                if shm is not None:
+                    shm.set_spin(True)
                 with self._lock:
                     self._pending -= 1
 
@@ -145,7 +188,9 @@ class Communicator:
         if self._cuda is not None:
             self._cuda.close()
             self._cuda = None
+        self.flight.sources.clear()
         self.shm = None
+        self.shm_direct = False
 
     def _label(self, op: str) -> str:
         return f"{op} (sequence number {self._running_seq})"

@@ -29,20 +29,32 @@ class FlightRecorder:
         self.label = label
         self.folder = folder
         self.entries = collections.deque(maxlen=CAPACITY)
+        # Entries keep time.perf_counter() (one clock read per start and per end, shared with the
+        # communicator's busy time); the dump turns them into wall-clock times with this offset.
+        self.wall_minus_perf = time.time() - time.perf_counter()
+        # name -> callable returning more entries in the same form, recorded natively (the shared-memory
+        # communicator's own history, which alone sees the api's fast path): dumped as their own sections.
+        self.sources = {}
         _RECORDERS.add(self)
         _install_signal_handler()
 
     def start(self, seq: int, op: str, tensor) -> list:
-        """Records the start of a collective (cheap: on the path of every call)."""
-        entry = [seq, op, tensor.dtype if tensor is not None else None, tensor.numel() if tensor is not None else 0,
-                 time.time(), None, "running"]
+        """Records the start of a collective (cheap: on the path of every call). The entry is
+        [seq, op, dtype, numel, start perf_counter, seconds or None, status]."""
+        entry = [seq, op, None, 0, 0.0, None, "running"]
+        if tensor is not None:
+            entry[2] = tensor.dtype
+            entry[3] = tensor.numel()
+        entry[4] = time.perf_counter()
         self.entries.append(entry)
         return entry
 
     @staticmethod
-    def end(entry: list, status: str = "ok"):
-        entry[5] = time.time() - entry[4]
+    def end(entry: list, status: str = "ok") -> float:
+        """Marks the entry finished; returns its duration in seconds."""
+        entry[5] = dt = time.perf_counter() - entry[4]
         entry[6] = status
+        return dt
 
     def path(self) -> str:
         folder = self.folder or tempfile.gettempdir()
@@ -51,13 +63,21 @@ class FlightRecorder:
     def dump(self, reason: str) -> str:
         """Appends the recorded ops to this rank's file and returns its path."""
         lines = [f"== ringzero flight recorder | {self.label} | global rank {self.global_rank} | pid {os.getpid()} "
-                 f"| {datetime.datetime.now().isoformat(timespec='seconds')} | {reason}",
-                 f"{'seq':>6}  {'op':<22} {'dtype':<9} {'numel':>12}  {'start':<15} {'ms':>10}  status"]
-        for seq, op, dtype, numel, t0, dt, status in list(self.entries):
-            dtype = str(dtype).replace("torch.", "") if dtype is not None else "-"
-            start = datetime.datetime.fromtimestamp(t0).strftime("%H:%M:%S.%f")
-            ms = f"{dt * 1e3:.3f}" if dt is not None else "-"
-            lines.append(f"{seq:>6}  {op:<22} {dtype:<9} {numel:>12}  {start:<15} {ms:>10}  {status}")
+                 f"| {datetime.datetime.now().isoformat(timespec='seconds')} | {reason}"]
+        sections = [("calls", list(self.entries))]
+        for name, source in self.sources.items():
+            try:
+                sections.append((name, source()))
+            except Exception as e:  # never let the recorder hide the real error
+                lines.append(f"({name}: unreadable: {e})")
+        for name, entries in sections:
+            lines.append(f"-- {name}")
+            lines.append(f"{'seq':>6}  {'op':<22} {'dtype':<9} {'numel':>12}  {'start':<15} {'ms':>10}  status")
+            for seq, op, dtype, numel, t0, dt, status in entries:
+                dtype = str(dtype).replace("torch.", "") if dtype is not None else "-"
+                start = datetime.datetime.fromtimestamp(t0 + self.wall_minus_perf).strftime("%H:%M:%S.%f")
+                ms = f"{dt * 1e3:.3f}" if dt is not None else "-"
+                lines.append(f"{seq:>6}  {op:<22} {dtype:<9} {numel:>12}  {start:<15} {ms:>10}  {status}")
         path = self.path()
         try:
             with open(path, "a") as f:
