@@ -42,8 +42,8 @@ def read_table(path: str) -> tuple[str, dict[str, list[tuple[int, float, float |
                 # busbw from the time columns (the printed GB/s round small sizes to 0.00); time in us
                 factor = BUS_FACTOR[op](world)
                 ours = size / float(cols[1][0]) * 1e-3 * factor
-                tg = float(cols[2][0])
-                gloo = size / tg * 1e-3 * factor if tg == tg else None    # nan under --no-gloo
+                tg = float(cols[2][0]) if len(cols) > 2 else None    # no gloo columns under --no-gloo
+                gloo = size / tg * 1e-3 * factor if tg and tg == tg else None    # older files: nan
                 rows[op].append((size, ours, gloo))
     if world is None or elem is None or not any(rows.values()):
         raise SystemExit(f"{path}: no `ringzero bench` output found (expected its '# ringzero ... ranks N' "

