@@ -197,7 +197,7 @@ class HostLab:
         self._kill_all()
 
     # ---- cleanup ----------------------------------------------------------------------------------
-    def _kill_all(self):
+    def _kill_all(self, reap: bool = True):
         """SIGKILL to every process in the hosts' network namespaces (torchrun puts its workers in sessions
         of their own, so killing the host's session alone would leave them), then to the sessions."""
         for ns in self.host_ns:
@@ -208,19 +208,22 @@ class HostLab:
                 except ProcessLookupError:
                     pass
         for p in self._procs:
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            if p.poll() is not None:  # reaped: its pid may be someone else's by now
+                continue
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            if reap:  # not from a signal handler: it may have interrupted this Popen's own wait (its lock)
                 p.wait()
 
-    def close(self):
-        """Kills what the lab started and deletes everything it made (idempotent)."""
+    def close(self, reap: bool = True):
+        """Kills what the lab started and deletes everything it made (idempotent). reap=False: from a
+        signal handler (the killed processes are not waited for)."""
         if self._closed:
             return
         self._closed = True
-        self._kill_all()
+        self._kill_all(reap)
         for ns in [*self.host_ns, self.lab_ns]:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -234,13 +237,13 @@ class HostLab:
         self.close()
 
 
-def _close_open_labs(*_):
+def _close_open_labs(reap: bool = True):
     for lab in list(_OPEN_LABS):
-        lab.close()
+        lab.close(reap)
 
 
 def _on_signal(signum, frame):
-    _close_open_labs()
+    _close_open_labs(reap=False)
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)
 
