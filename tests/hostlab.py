@@ -69,8 +69,8 @@ class HostLab:
     """`hosts` hosts. rate_gbit: each link shaped with tbf to this rate in both directions (None:
     unshaped veth); burst_bytes: the tbf bucket (default: 1 ms of the rate, at least 1 MiB: at
     1 Gbit/s a 256 KiB bucket made the hierarchical all-reduce of 32 MiB (two TCP flows per link) take
-    517 ms against 416 ms with a 4 MB one, in benchmarks/hostlab_bench.py). same_hostname: every host gets one hostname (to check that hosts are
-    still told apart by their /dev/shm). Use as a context manager; close() is idempotent."""
+    517 ms against 416 ms with a 4 MB one, in benchmarks/hostlab_bench.py). same_hostname: every host
+    gets one hostname (to check that hosts are still told apart by their /dev/shm). Use as a context manager; close() is idempotent."""
 
     def __init__(self, hosts: int, rate_gbit: float | None = None, burst_bytes: int | None = None,
                  same_hostname: bool = False):
@@ -139,8 +139,8 @@ class HostLab:
         return [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(self.hosts), "--node-rank",
                 str(host), "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d", "--rdzv-endpoint",
                 f"{self.addresses[0]}:{RDZV_PORT}", "--rdzv-id", f"{NAME_PREFIX}{self.token}",
-                "--rdzv-conf", f"is_host={int(host == 0)}", "--local-addr", self.addresses[host], "--max-restarts", str(max_restarts),
-                "--monitor-interval", "0.5", *script_argv]
+                "--rdzv-conf", f"is_host={int(host == 0)}", "--local-addr", self.addresses[host],
+                "--max-restarts", str(max_restarts), "--monitor-interval", "0.5", *script_argv]
 
     def start(self, ranks_per_host: list[int], script_argv: list[str], env: dict | None = None,
               max_restarts: int = 0) -> list[subprocess.Popen]:
