@@ -75,9 +75,10 @@ class Cluster:
 
     def describe(self) -> str:
         mem = f", {self.gpu_mem_bytes / 1e9:.0f} GB per GPU" if self.gpu_mem_bytes else ""
+        nic = "GPU" if self.nics_per_node is None else f"NIC, {self.nics_per_node} per node"
         return (f"{self.name}: {self.gpus_per_node} GPUs per node; intra-node {self.intra.bytes_per_s / 1e9:.0f} GB/s "
                 f"per direction, {self.intra.latency_s * 1e6:.1f} us; inter-node {self.inter.bytes_per_s / 1e9:.1f} GB/s "
-                f"per GPU per direction ({self.inter.bytes_per_s * 8 / 1e9:.0f} Gb/s), "
+                f"per {nic} per direction ({self.inter.bytes_per_s * 8 / 1e9:.0f} Gb/s), "
                 f"{self.inter.latency_s * 1e6:.1f} us{mem}")
 
 
