@@ -273,6 +273,10 @@ def test_cli_prints_every_term_and_names_the_formula(capsys):
     (["--params", "1B", "--intra-gbps", "100"], "needs all of --intra-gbps --inter-gbps --latency-us"),
     (["--params", "1B", "--cluster", "8xH100", "--gpu-mem-gb", "-1"], "--gpu-mem-gb must be a positive number"),
     (["--params", "1B", "--world", "2", "--bucket-mb", "0"], "--bucket-mb must be a positive number"),
+    (["--params", "1B", "--nics-per-node", "1"], "--nics-per-node and --gpu-mem-gb need --cluster"),
+    (["--params", "1B", "--cluster", "8xH100", "--nics-per-node", "1"], "leave out --intra-gbps"),
+    (["--params", "1B", "--world", "4", "--intra-gbps", "40", "--inter-gbps", "1", "--latency-us", "100",
+      "--gpus-per-node", "2", "--nics-per-node", "0"], "nics-per-node"),
     (["--params", "1B", "--world", "12", "--intra-gbps", "900", "--inter-gbps", "400", "--latency-us", "3"],
      "world=12 does not fill whole 8-GPU nodes"),
 ])
@@ -287,6 +291,12 @@ def test_cli_gpu_memory_override_keeps_the_preset_links(capsys):
     main(["--params", "1B", "--cluster", "16xH100", "--gpu-mem-gb", "40"])
     out = capsys.readouterr().out
     assert "40 GB per GPU" in out and "inter-node 50.0 GB/s per GPU per direction (400 Gb/s), 5.0 us" in out
+
+
+def test_cli_hosts_sharing_one_nic(capsys):
+    main(["--params", "100M", "--world", "4", "--intra-gbps", "40", "--inter-gbps", "1", "--latency-us", "100",
+          "--gpus-per-node", "2", "--nics-per-node", "1"])
+    assert "per NIC, 1 per node per direction (1 Gb/s)" in capsys.readouterr().out
 
 
 def test_library_errors_name_the_argument():

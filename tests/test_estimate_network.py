@@ -159,3 +159,18 @@ def test_cluster_presets_and_layout():
     # Pipeline-major ranks: 4 stages x 16 dp ranks; each dp group spans 2 nodes, stage neighbours cross nodes.
     e = estimate(10**9, batch=None, precision=Precision(), plan=Plan("pp+zero1", world=64, pp=4), cluster=cluster)
     assert all("hierarchical" in c.times_s for c in e.collectives if c.group == "dp")
+
+
+@pytest.mark.parametrize("nodes,local", [(2, 2), (3, 2), (2, 4)])
+def test_hosts_with_one_nic_carry_every_cross_ring(nodes, local):
+    """CPU hosts (nics_per_node=1): the local cross-node rings of the hierarchical all-reduce run at once
+    through one NIC, so the node's link moves 2(N-1)/N of the whole buffer, not of its 1/local piece."""
+    link = Link(bytes_per_s=1e9, latency_s=0.0)
+    nbytes, n = 2**24, nodes * local
+    shape = GroupShape(n, nodes, local)
+    per_gpu = collective_times("all_reduce", nbytes, shape, Cluster("t", local, link, link))["hierarchical"]
+    shared = collective_times("all_reduce", nbytes, shape, Cluster("t", local, link, link, nics_per_node=1))
+    inside = per_gpu - 2 * (nodes - 1) / nodes * nbytes / local / 1e9
+    assert shared["hierarchical"] == pytest.approx(inside + 2 * (nodes - 1) / nodes * nbytes / 1e9, rel=1e-12)
+    # The flat ring crosses each node boundary once per direction: one NIC is enough for it.
+    assert shared["ring"] == collective_times("all_reduce", nbytes, shape, Cluster("t", local, link, link))["ring"]

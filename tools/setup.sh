@@ -29,4 +29,14 @@ fi
 if command -v nvcc >/dev/null 2>&1; then
   "$PY" -m pip install -q nvidia-nccl-cu13
 fi
+# The host lab (tests/hostlab.py) needs iproute2 (ip, tc) and util-linux (unshare, nsenter), and root;
+# its tests fail naming what is missing. Installed here where apt-get and root are at hand.
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  for tool in ip tc unshare nsenter; do
+    if ! command -v "$tool" >/dev/null 2>&1; then
+      apt-get update -q >/dev/null && apt-get install -y -q iproute2 util-linux >/dev/null
+      break
+    fi
+  done
+fi
 "$PY" -m pip install -q --no-build-isolation --no-deps -e .

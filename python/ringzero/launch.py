@@ -28,8 +28,8 @@ def _worker(rank: int, nproc: int, port: int, fn, args, device: str):
 
 
 def _init_process_group(backend: str = "gloo"):
-    """env:// rendezvous, with the keys of each torchrun attempt under their own prefix: after a restart
-    the store still holds the dead attempt's gloo addresses, and connecting to them fails."""
+    """env:// rendezvous, with the keys of each torchrun round under their own prefix: after a restart
+    the store still holds the dead round's gloo addresses, and connecting to them fails."""
     if "TORCHELASTIC_RESTART_COUNT" not in os.environ:
         dist.init_process_group(backend)
         return
@@ -37,10 +37,60 @@ def _init_process_group(backend: str = "gloo"):
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
-                          timeout=datetime.timedelta(seconds=300))
-    attempt = os.environ["TORCHELASTIC_RESTART_COUNT"]
-    dist.init_process_group(backend, store=dist.PrefixStore(f"ringzero/attempt-{attempt}", store), rank=rank,
+                          timeout=datetime.timedelta(seconds=ROUND_TIMEOUT_S))
+    dist.init_process_group(backend, store=dist.PrefixStore(_round_prefix(store, rank, world), store), rank=rank,
                             world_size=world)
+
+
+ROUND_TIMEOUT_S = 300
+_ROUND_KEY = "ringzero/launch/round"
+
+
+def _round_prefix(store, rank: int, world: int) -> str:
+    """A store prefix that every rank of this torchrun round shares and no other round has.
+
+    TORCHELASTIC_RESTART_COUNT is not it across hosts: the agent whose rank failed counts a restart, the
+    other hosts' agents restart on the membership change without counting. So each process publishes a
+    fresh nonce; rank 0 waits until every rank's nonce differs from the ones recorded for the previous
+    round, then records this round (number + nonces); the others wait for a record holding their nonce.
+    """
+    import json
+    import time
+    import uuid
+
+    nonce = uuid.uuid4().hex
+    store.set(f"ringzero/launch/nonce/{rank}", nonce)
+    deadline = time.monotonic() + ROUND_TIMEOUT_S
+
+    def record():
+        return json.loads(store.get(_ROUND_KEY)) if store.check([_ROUND_KEY]) else {"round": -1, "nonces": []}
+
+    if rank == 0:
+        last = record()
+        old = last["nonces"] if len(last["nonces"]) == world else [None] * world
+        while True:
+            keys = [f"ringzero/launch/nonce/{r}" for r in range(world)]
+            now = [store.get(k).decode() if store.check([k]) else None for k in keys]
+            stale = [r for r in range(world) if now[r] is None or now[r] == old[r]]
+            if not stale:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"ringzero launch: ranks {stale} did not start this torchrun round within "
+                                   f"{ROUND_TIMEOUT_S} s")
+            time.sleep(0.05)
+        this_round = last["round"] + 1
+        store.set(_ROUND_KEY, json.dumps({"round": this_round, "nonces": now}))
+    else:
+        while True:
+            current = record()
+            if len(current["nonces"]) == world and current["nonces"][rank] == nonce:
+                this_round = current["round"]
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"ringzero launch: rank 0 did not open this torchrun round within "
+                                   f"{ROUND_TIMEOUT_S} s")
+            time.sleep(0.05)
+    return f"ringzero/round-{this_round}"
 
 
 def _run(fn, args, local_world: int, device: str = "cpu"):

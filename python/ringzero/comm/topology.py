@@ -7,12 +7,13 @@ node, NCCL rings across nodes) take the same Topology, so they agree on local an
 from __future__ import annotations
 
 import dataclasses
+import os
 import socket
 
 
 def host_id(forced: str = "") -> str:
-    """This process's host identity: `forced` (RINGZERO_HOST_ID, through Config.host_id) if not
-    empty, else hostname and boot id (two containers on one machine share memory only if both match)."""
+    """This process's host identity: `forced` (RINGZERO_HOST_ID, through Config.host_id) if not empty, else
+    `<hostname>:<boot id>:<device of /dev/shm>` ([Note: host identity])."""
     if forced:
         return forced
     try:
@@ -20,7 +21,20 @@ def host_id(forced: str = "") -> str:
             boot = f.read().strip()
     except OSError:
         boot = ""
-    return f"{socket.gethostname()}:{boot}"
+    try:
+        shm_device = f"{os.stat(SHM_DIR).st_dev:x}"
+    except OSError:
+        shm_device = ""
+    return f"{socket.gethostname()}:{boot}:{shm_device}"
+
+
+# [Note: host identity] two ranks may share memory only if they run on one kernel (boot id) AND see the
+# same /dev/shm file system (its device number): shm_open names live there, so ranks in containers or
+# namespaces with separate /dev/shm mounts cannot meet in one segment even when the kernel and the
+# hostname are the same (network namespaces share the boot id; a UTS namespace may repeat a hostname).
+# The hostname stays in the id so that it reads well in messages; a differing one only ever splits hosts
+# (never merges two that cannot share memory). tests/test_hostlab.py checks the rule on namespaced hosts.
+SHM_DIR = "/dev/shm"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -85,7 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     c = p.add_argument_group("cluster (for times and the largest model that fits)")
     c.add_argument("--cluster", help=f"COUNTxNAME or NAME, NAME one of {', '.join(PRESETS)} (e.g. 8xH100)")
     c.add_argument("--intra-gbps", type=float, help="intra-node link, gigabits/s per GPU and direction")
-    c.add_argument("--inter-gbps", type=float, help="inter-node link, gigabits/s per GPU and direction")
+    c.add_argument("--inter-gbps", type=float, help="inter-node link, gigabits/s per NIC and direction")
+    c.add_argument("--nics-per-node", type=int, default=None, help="with --inter-gbps: NICs per node, shared by "
+                   "its ranks (default one per GPU; CPU hosts: usually 1)")
     c.add_argument("--latency-us", type=float, help="latency per algorithm step in microseconds")
     c.add_argument("--gpus-per-node", type=int, default=None, help="with --intra/--inter-gbps (default 8)")
     c.add_argument("--gpu-mem-gb", type=float, help="memory per GPU in GB (1e9 bytes); overrides the preset")
@@ -127,9 +129,9 @@ def _model(args):
 def _cluster(args):
     custom = [f for f in ("intra_gbps", "inter_gbps", "latency_us") if getattr(args, f) is not None]
     if args.cluster is not None:
-        if custom or args.gpus_per_node is not None:
+        if custom or args.gpus_per_node is not None or args.nics_per_node is not None:
             raise ValueError("--cluster sets the links; leave out --intra-gbps/--inter-gbps/--latency-us/"
-                             "--gpus-per-node (or leave out --cluster)")
+                             "--gpus-per-node/--nics-per-node (or leave out --cluster)")
         cluster, count = parse_cluster(args.cluster)
         if args.gpu_mem_gb is not None:
             if not (args.gpu_mem_gb > 0 and math.isfinite(args.gpu_mem_gb)):
@@ -140,9 +142,9 @@ def _cluster(args):
         if len(custom) < 3:
             raise ValueError("a custom cluster needs all of --intra-gbps --inter-gbps --latency-us")
         return custom_cluster(args.intra_gbps, args.inter_gbps, args.latency_us, args.gpus_per_node or 8,
-                              args.gpu_mem_gb), None
-    if args.gpus_per_node is not None or args.gpu_mem_gb is not None:
-        raise ValueError("--gpus-per-node and --gpu-mem-gb need --cluster or --intra-gbps/--inter-gbps/--latency-us")
+                              args.gpu_mem_gb, args.nics_per_node), None
+    if args.gpus_per_node is not None or args.gpu_mem_gb is not None or args.nics_per_node is not None:
+        raise ValueError("--gpus-per-node, --nics-per-node and --gpu-mem-gb need --cluster or --intra-gbps/--inter-gbps/--latency-us")
     return None, None
 
 

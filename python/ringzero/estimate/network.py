@@ -11,7 +11,9 @@ bandwidth B (per direction, per GPU); a collective is its steps in sequence:
     / all-gather
   two-shot all-reduce     2 alpha + 2(n-1)/n M/B          one-shot reduce-scatter, one-shot all-gather
   hierarchical            ring inside each node (n_local ranks, intra link) on M, ring across the nodes
-                          on M/n_local (each GPU with its own NIC), ring inside each node again
+                          on M/n_local, ring inside each node again; the n_local cross-node rings run at
+                          once and share the node's NICs: each gets B * min(1, nics_per_node / n_local)
+                          (GPU nodes: one NIC per GPU; CPU hosts: usually one NIC for all their ranks)
 
 M is the whole buffer as nccl-tests counts it (all-reduce: the tensor; reduce-scatter: the input;
 all-gather: the output). One-shot and two-shot need every peer's memory (NVLink/NVSwitch, shared
@@ -50,23 +52,33 @@ class Link:
 
 @dataclasses.dataclass(frozen=True)
 class Cluster:
-    """Nodes of gpus_per_node GPUs: an intra-node link (NVLink/NVSwitch) and one NIC per GPU between
-    nodes. gpu_mem_bytes (None if unknown) is what one GPU holds."""
+    """Nodes of gpus_per_node GPUs (or ranks): an intra-node link (NVLink/NVSwitch, shared memory) and
+    nics_per_node NICs between nodes (None: one per GPU), `inter` being one NIC. gpu_mem_bytes (None if
+    unknown) is what one GPU holds."""
 
     name: str
     gpus_per_node: int
     intra: Link
     inter: Link
     gpu_mem_bytes: int | None = None
+    nics_per_node: int | None = None
 
     def __post_init__(self):
         positive_ints("--", **{"gpus-per-node": self.gpus_per_node})
+        if self.nics_per_node is not None:
+            positive_ints("--", **{"nics-per-node": self.nics_per_node})
+
+    def cross_link(self, concurrent: int) -> Link:
+        """What each of `concurrent` streams leaving a node at once gets of its NICs."""
+        nics = self.gpus_per_node if self.nics_per_node is None else self.nics_per_node
+        return Link(self.inter.bytes_per_s * min(1.0, nics / concurrent), self.inter.latency_s)
 
     def describe(self) -> str:
         mem = f", {self.gpu_mem_bytes / 1e9:.0f} GB per GPU" if self.gpu_mem_bytes else ""
+        nic = "GPU" if self.nics_per_node is None else f"NIC, {self.nics_per_node} per node"
         return (f"{self.name}: {self.gpus_per_node} GPUs per node; intra-node {self.intra.bytes_per_s / 1e9:.0f} GB/s "
                 f"per direction, {self.intra.latency_s * 1e6:.1f} us; inter-node {self.inter.bytes_per_s / 1e9:.1f} GB/s "
-                f"per GPU per direction ({self.inter.bytes_per_s * 8 / 1e9:.0f} Gb/s), "
+                f"per {nic} per direction ({self.inter.bytes_per_s * 8 / 1e9:.0f} Gb/s), "
                 f"{self.inter.latency_s * 1e6:.1f} us{mem}")
 
 
@@ -112,8 +124,9 @@ def parse_cluster(text: str) -> tuple[Cluster, int | None]:
 
 
 def custom_cluster(intra_gbps: float, inter_gbps: float, latency_us: float, gpus_per_node: int = 8,
-                   gpu_mem_gb: float | None = None) -> Cluster:
-    """A cluster from link speeds in gigabits per second per GPU and direction, one step latency."""
+                   gpu_mem_gb: float | None = None, nics_per_node: int | None = None) -> Cluster:
+    """A cluster from link speeds in gigabits per second per direction (intra: per GPU; inter: per NIC,
+    nics_per_node of them, default one per GPU) and one step latency."""
     for name, v in (("--intra-gbps", intra_gbps), ("--inter-gbps", inter_gbps)):
         if not (isinstance(v, (int, float)) and v > 0 and math.isfinite(v)):
             raise ValueError(f"{name} must be a positive number of gigabits per second, got {v!r}")
@@ -125,7 +138,7 @@ def custom_cluster(intra_gbps: float, inter_gbps: float, latency_us: float, gpus
             raise ValueError(f"--gpu-mem-gb must be a positive number, got {gpu_mem_gb!r}")
         mem = int(gpu_mem_gb * 1e9)
     return Cluster("custom", gpus_per_node, Link(intra_gbps / 8 * 1e9, latency_us * 1e-6),
-                   Link(inter_gbps / 8 * 1e9, latency_us * 1e-6), mem)
+                   Link(inter_gbps / 8 * 1e9, latency_us * 1e-6), mem, nics_per_node)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,10 +183,10 @@ def _hierarchical(op: str, nbytes: float, shape: GroupShape, cluster: Cluster) -
     inside, across = shape.local, shape.nodes
     if op == "all_reduce":
         return (_ring("reduce_scatter", nbytes, inside, cluster.intra)
-                + _ring("all_reduce", nbytes / inside, across, cluster.inter)
+                + _ring("all_reduce", nbytes / inside, across, cluster.cross_link(inside))
                 + _ring("all_gather", nbytes, inside, cluster.intra))
     # reduce-scatter: inside the node first, then across on the node's 1/local piece; all-gather mirrors it.
-    return _ring(op, nbytes, inside, cluster.intra) + _ring(op, nbytes / inside, across, cluster.inter)
+    return _ring(op, nbytes, inside, cluster.intra) + _ring(op, nbytes / inside, across, cluster.cross_link(inside))
 
 
 def collective_times(op: str, nbytes: float, shape: GroupShape, cluster: Cluster) -> dict[str, float]:
