@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -33,6 +34,7 @@ namespace {
 
 constexpr uint64_t kMagic = 0x72696e677a65726fULL;  // "ringzero"
 constexpr int kMaxRanks = 256;
+constexpr const char* kTimedOut = "Timed out";  // fail_wait adds the timeout to this reason
 constexpr size_t kHeaderBytes = 4096;
 constexpr size_t kPageBytes = 4096;
 // Wait backoff: spin briefly (only when every rank has a core), then yield, then sleep in growing
@@ -206,7 +208,7 @@ uint64_t ShmComm::begin_slice() {
           check_abort();
           const int pid = static_cast<Header*>(seg_.data())->pids[q].load();
           if (process_gone(pid) || t > op_deadline_)
-            fail_wait({q}, 0, process_gone(pid) ? "a peer exited" : "timed out");
+            fail_wait({q}, 0, process_gone(pid) ? "a peer exited" : kTimedOut);
         }
       }
     }
@@ -255,7 +257,7 @@ void ShmComm::wait_for(const std::vector<int>& ranks, uint64_t phase) {
         if (control(q)->arrive.load(std::memory_order_acquire) < phase && process_gone(h->pids[q].load()))
           fail_wait(ranks, phase, "a peer exited");
       }
-      if (t > op_deadline_) fail_wait(ranks, phase, "timed out");
+      if (t > op_deadline_) fail_wait(ranks, phase, kTimedOut);
     }
   }
 }
@@ -271,8 +273,10 @@ void ShmComm::fail_wait(const std::vector<int>& ranks, uint64_t phase, const cha
   }
   std::ostringstream s;
   s << "ringzero " << collective_name(static_cast<CollectiveKind>(current_.kind)) << " (sequence number "
-    << current_.seq << ") on group rank " << group_ranks_[rank_] << ": " << why << " after "
-    << timeout_s_ << " s limit while waiting for group ranks " << join(missing);
+    << current_.seq << ") on group rank " << group_ranks_[rank_] << ": " << why;
+  // "Timed out waiting <n>ms" is gloo's wording, which torch's tests and callers match.
+  if (std::strcmp(why, kTimedOut) == 0) s << " waiting " << std::llround(timeout_s_ * 1000) << "ms (the op's timeout)";
+  s << "; still waiting for group ranks " << join(missing);
   if (!exited.empty()) s << "; ranks " << join(exited) << " have exited";
   s << ". " << last_completed_table()
     << ". Every rank must call the same collectives in the same order; raise RINGZERO_TIMEOUT_S if "
