@@ -30,8 +30,8 @@ fi
 if command -v nvcc >/dev/null 2>&1; then
   "$PY" -m pip install -q nvidia-nccl-cu13
 fi
-# PyTorch Lightning and Ray Train for tests/test_frameworks.py, constrained to the torch already here so
-# that they can never replace it.
+# PyTorch Lightning, Ray Train and HF Accelerate for tests/test_frameworks.py, constrained to the torch
+# already here so that they can never replace it.
 TORCH_HERE=$("$PY" -c "import torch; print(torch.__version__)")
-"$PY" -m pip install -q lightning "ray[train]" -c <(echo "torch==$TORCH_HERE")
+"$PY" -m pip install -q lightning "ray[train]" accelerate -c <(echo "torch==$TORCH_HERE")
 "$PY" -m pip install -q --no-build-isolation --no-deps -e .
