@@ -41,7 +41,7 @@ def run_suite(backend: str, world_size: int, out_dir: pathlib.Path, tests: list[
     if k:
         cmd += ["-k", k]
     env = {**os.environ, "BACKEND": "gloo" if backend == STAND_IN else backend, "WORLD_SIZE": str(world_size),
-           "RINGZERO_STAND_IN": "1" if backend == STAND_IN else "0",
+           "RINGZERO_STAND_IN": "1" if backend == STAND_IN else "0", "CUDA_VISIBLE_DEVICES": "",
            "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
     env.pop("TEMP_DIR", None)  # suite.py makes a fresh one per run
     log_path = out_dir / f"{backend}-{world_size}.log"

@@ -16,7 +16,7 @@ BACKEND = os.environ.setdefault("BACKEND", "ringzero")
 os.environ.setdefault("WORLD_SIZE", "2")
 if "TEMP_DIR" not in os.environ:  # the suite's barrier and lock files, shared by the ranks
     os.environ["TEMP_DIR"] = tempfile.mkdtemp(prefix="ringzero_torch_suite_")
-os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")  # CPU only: the suite's GPU tests skip themselves
+os.environ["CUDA_VISIBLE_DEVICES"] = ""  # CPU only, on GPU machines too: the suite's GPU tests skip themselves
 
 import torch  # noqa: E402
 from torch.testing._internal.common_distributed import DistTestCases  # noqa: E402
