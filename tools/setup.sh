@@ -22,10 +22,11 @@ PYEOF
        "or run this with PYTHON= pointing at an environment that has one." >&2
   exit 1
 fi
-# numpy/pytest/tqdm/matplotlib for the package and its tests; cmake/ninja build it; setuptools and wheel
-# because --no-build-isolation builds with what is installed (a new venv has neither a recent setuptools
-# nor wheel); the NCCL wheel gives nccl.h to the CUDA sources (compiled whenever nvcc is present).
-"$PY" -m pip install -q numpy pytest tqdm matplotlib ninja "cmake>=3.22" pybind11 "setuptools>=64" wheel
+# numpy/pytest/tqdm/matplotlib for the package and its tests (expecttest: torch's own test suite, which
+# tests/torch_suite runs, imports it); cmake/ninja build it; setuptools and wheel because
+# --no-build-isolation builds with what is installed (a new venv has neither a recent setuptools nor
+# wheel); the NCCL wheel gives nccl.h to the CUDA sources (compiled whenever nvcc is present).
+"$PY" -m pip install -q numpy pytest tqdm matplotlib ninja "cmake>=3.22" pybind11 "setuptools>=64" wheel expecttest
 if command -v nvcc >/dev/null 2>&1; then
   "$PY" -m pip install -q nvidia-nccl-cu13
 fi
@@ -39,4 +40,8 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     fi
   done
 fi
+# PyTorch Lightning, Ray Train and HF Accelerate for tests/test_frameworks.py, constrained to the torch
+# already here so that they can never replace it.
+TORCH_HERE=$("$PY" -c "import torch; print(torch.__version__)")
+"$PY" -m pip install -q lightning "ray[train]" accelerate -c <(echo "torch==$TORCH_HERE")
 "$PY" -m pip install -q --no-build-isolation --no-deps -e .

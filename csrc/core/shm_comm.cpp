@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -34,6 +35,7 @@ namespace {
 
 constexpr uint64_t kMagic = 0x72696e677a65726fULL;  // "ringzero"
 constexpr int kMaxRanks = 256;
+constexpr const char* kTimedOut = "Timed out";  // fail_wait adds the timeout to this reason
 constexpr size_t kHeaderBytes = 4096;
 constexpr size_t kPageBytes = 4096;
 // [Note: waiting in the shared-memory collectives]
@@ -274,7 +276,7 @@ uint64_t ShmComm::begin_slice() {
                [&](double t) {
                  check_abort();
                  const bool gone = process_gone(h->pids[q].load());
-                 if (gone || t > op_deadline_) fail_wait({q}, 0, gone ? "a peer exited" : "timed out");
+                 if (gone || t > op_deadline_) fail_wait({q}, 0, gone ? "a peer exited" : kTimedOut);
                });
   }
   return k;
@@ -301,7 +303,7 @@ void ShmComm::wait_for(const std::vector<int>& ranks, uint64_t phase) {
           if (control(q)->arrive.load(std::memory_order_acquire) < phase && process_gone(h->pids[q].load()))
             fail_wait(ranks, phase, "a peer exited");
         }
-        if (t > op_deadline_) fail_wait(ranks, phase, "timed out");
+        if (t > op_deadline_) fail_wait(ranks, phase, kTimedOut);
       });
 }
 
@@ -316,8 +318,10 @@ void ShmComm::fail_wait(const std::vector<int>& ranks, uint64_t phase, const cha
   }
   std::ostringstream s;
   s << "ringzero " << collective_name(static_cast<CollectiveKind>(current_.kind)) << " (sequence number "
-    << current_.seq << ") on group rank " << group_ranks_[rank_] << ": " << why << " after "
-    << timeout_s_ << " s limit while waiting for group ranks " << join(missing);
+    << current_.seq << ") on group rank " << group_ranks_[rank_] << ": " << why;
+  // "Timed out waiting <n>ms" is gloo's wording, which torch's tests and callers match.
+  if (std::strcmp(why, kTimedOut) == 0) s << " waiting " << std::llround(timeout_s_ * 1000) << "ms (the op's timeout)";
+  s << "; still waiting for group ranks " << join(missing);
   if (!exited.empty()) s << "; ranks " << join(exited) << " have exited";
   s << ". " << last_completed_table()
     << ". Every rank must call the same collectives in the same order; raise RINGZERO_TIMEOUT_S if "

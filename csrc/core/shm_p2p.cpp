@@ -8,7 +8,9 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstring>
+#include <thread>
 
 #include "chunks.h"
 #include "errors.h"
@@ -22,6 +24,9 @@ constexpr int kMaxRanks = 256;
 constexpr size_t kHeaderBytes = 4096;
 constexpr size_t kSliceHeaderBytes = 64;  // message byte count, then padding to a cache line
 constexpr double kCheckEveryS = 0.02;     // deadline and peer liveness
+// Any-source polling: sleeps between looks start at 1 us (a message usually comes soon) and double
+// up to this bound, which is the latency a receive from any source may add.
+constexpr double kAnySourcePollMaxS = 0.001;
 
 double now_s() {
   using namespace std::chrono;
@@ -98,8 +103,8 @@ void ShmP2P::wait(Counter& word, Ready ready, int peer, const char* what, double
     if (gone || now_s() > deadline)
       throw CommTimeoutError("ringzero " + std::string(what) + " of " + std::to_string(bytes) + " bytes on rank " +
                              std::to_string(rank_) + ": " + (gone ? "rank " + std::to_string(peer) + " exited" :
-                             "no matching call from rank " + std::to_string(peer) + " within " +
-                             std::to_string(timeout_s) + " s") + ". Every send needs a recv of the same size "
+                             "Timed out waiting " + std::to_string(std::llround(timeout_s * 1000)) +
+                             "ms for a matching call from rank " + std::to_string(peer)) + ". Every send needs a recv of the same size "
                              "on the peer, in the same order; raise RINGZERO_TIMEOUT_S if the peer is only slow.");
   }
 }
@@ -145,6 +150,40 @@ void ShmP2P::recv(void* buf, size_t bytes, int src, double timeout_s) {
     const size_t off = s * per, len = std::min(per, bytes - std::min(bytes, off));
     if (len) std::memcpy(static_cast<char*>(buf) + off, sl + kSliceHeaderBytes, len);
     ch->consumed.advance();
+  }
+}
+
+bool ShmP2P::has_message(int src) const {
+  Channel* ch = channel(src, rank_);
+  return ch->posted.value.load() != ch->consumed.value.load();
+}
+
+int ShmP2P::wait_any_source(const std::function<bool(int)>& eligible, double timeout_s) {
+  const double start = now_s();
+  double sleep_s = 1e-6;
+  for (;;) {
+    bool anyone_eligible = false, anyone_alive = false;
+    for (int i = 0; i < nranks_; ++i) {
+      const int src = (next_any_source_ + i) % nranks_;
+      if (src == rank_ || !eligible(src)) continue;
+      if (has_message(src)) {
+        next_any_source_ = (src + 1) % nranks_;
+        return src;
+      }
+      const int pid = static_cast<const Header*>(seg_.data())->pids[src].load();
+      anyone_eligible = true;
+      anyone_alive = anyone_alive || !(pid > 0 && kill(pid, 0) != 0 && errno == ESRCH);
+    }
+    const double waited_s = now_s() - start;
+    const bool all_exited = anyone_eligible && !anyone_alive;
+    if (all_exited || waited_s > timeout_s)
+      throw CommTimeoutError("ringzero recv from any source on rank " + std::to_string(rank_) + ": " +
+                             (!all_exited ? "Timed out waiting " + std::to_string(std::llround(timeout_s * 1000)) +
+                                                 "ms for a message from any rank"
+                                           : std::string("every rank that could send has exited")) +
+                             ". Some rank must send to this one; raise RINGZERO_TIMEOUT_S if it is only slow.");
+    std::this_thread::sleep_for(std::chrono::duration<double>(sleep_s));
+    sleep_s = std::min(sleep_s * 2, kAnySourcePollMaxS);
   }
 }
 

@@ -10,6 +10,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "shm_segment.h"
@@ -35,6 +36,15 @@ class ShmP2P {
   void send(const void* buf, size_t bytes, int dst, double timeout_s);
   void recv(void* buf, size_t bytes, int src, double timeout_s);
 
+  // Receive from any source, in two steps (the caller serialises the read with its recvs from that
+  // rank): has_message(src) says whether a message from src waits unread; wait_any_source waits
+  // until some rank r with eligible(r) has one and returns r, trying ranks round-robin so that no
+  // sender is starved. It polls (no single futex word covers every channel), sleeping up to
+  // kAnySourcePollMaxS between looks, and throws CommTimeoutError after timeout_s or once every
+  // eligible sender has exited.
+  bool has_message(int src) const;
+  int wait_any_source(const std::function<bool(int)>& eligible, double timeout_s);
+
   struct Header;
   struct Counter;
   struct Channel;
@@ -51,6 +61,7 @@ class ShmP2P {
   int rank_;
   int nranks_;
   size_t slot_bytes_;
+  int next_any_source_ = 0;  // where the next round-robin look starts
 };
 
 }  // namespace ringzero

@@ -49,6 +49,8 @@ RingzeroBackend::RingzeroBackend(const c10::intrusive_ptr<c10d::Store>& store, i
       cuda_setup_(std::move(cuda_setup)) {
   TORCH_CHECK_VALUE(cpu_fallback_, "ringzero backend needs an inner CPU backend (gloo) for the ops it hands on");
   TORCH_CHECK_VALUE(config_.timeout_s > 0, "timeout must be positive, got ", config_.timeout_s, " s");
+  pending_recvs_.reset(new std::atomic<int>[size]());
+  recv_locks_.reset(new std::mutex[size]);
   init();
   rendezvous(store);
 }
@@ -60,6 +62,7 @@ RingzeroBackend::~RingzeroBackend() {
 
 void RingzeroBackend::stop_executors() {
   executor_.stop();
+  any_source_executor_.stop();
   std::lock_guard<std::mutex> lock(peers_mu_);
   for (auto& kv : peer_executors_) kv.second->stop();
 }
@@ -237,11 +240,17 @@ void RingzeroBackend::close_cuda() {
 
 c10::intrusive_ptr<c10d::Work> RingzeroBackend::enqueue_on(SerialExecutor& executor, c10d::OpType type,
                                                            std::vector<at::Tensor> outputs, std::function<void()> fn) {
+  return enqueue_on(executor, type, std::move(outputs), [fn = std::move(fn)](RingzeroWork&) { fn(); });
+}
+
+c10::intrusive_ptr<c10d::Work> RingzeroBackend::enqueue_on(SerialExecutor& executor, c10d::OpType type,
+                                                           std::vector<at::Tensor> outputs,
+                                                           std::function<void(RingzeroWork&)> fn) {
   auto work = c10::make_intrusive<RingzeroWork>(getRank(), type, outputs, ++seq_);
   executor.submit([work, fn = std::move(fn)] {
     std::exception_ptr error;
     try {
-      fn();
+      fn(*work);
     } catch (...) {
       error = std::current_exception();
     }
@@ -315,10 +324,6 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::alltoall(std::vector<at::Tensor>
                                                          std::vector<at::Tensor>& inputs,
                                                          const c10d::AllToAllOptions& opts) {
   return route(first(outputs, "alltoall").device(), "alltoall", false)->alltoall(outputs, inputs, opts);
-}
-
-c10::intrusive_ptr<c10d::Work> RingzeroBackend::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
-  return route(first(tensors, "recvAnysource").device(), "recvAnysource", false, false)->recvAnysource(tensors, tag);
 }
 
 void RingzeroBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {

@@ -14,6 +14,7 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -78,6 +79,9 @@ class RingzeroBackend : public c10d::Backend {
   // Tag 0 (torch's default) on our channels, in order per peer; other tags go to the inner backend.
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override;
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
+  // Tag 0 likewise: the first message from a rank with no earlier recv() waiting for it; the Work's
+  // sourceRank() names the sender ([Note: receive from any source]).
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
 
   // Handed to the inner backend.
   c10::intrusive_ptr<c10d::Work> allreduce_sparse(std::vector<at::Tensor>& tensors,
@@ -94,7 +98,6 @@ class RingzeroBackend : public c10d::Backend {
                                                const c10d::AllToAllOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                                           const c10d::AllToAllOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override;
 
   void setSequenceNumberForGroup() override {}
@@ -119,9 +122,14 @@ class RingzeroBackend : public c10d::Backend {
   // Queues fn(shm) on the collectives' worker thread; the returned Work completes with `outputs`.
   c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, std::vector<at::Tensor> outputs,
                                          std::chrono::milliseconds timeout, std::function<void(ShmComm&)> fn);
-  // Queues fn on `executor`; the returned Work completes with `outputs` (or fn's exception).
+  // Queues fn on `executor`; the returned Work completes with `outputs` (or fn's exception). The
+  // second form hands fn the Work (a receive from any source records its sender there).
   c10::intrusive_ptr<c10d::Work> enqueue_on(SerialExecutor& executor, c10d::OpType type,
                                             std::vector<at::Tensor> outputs, std::function<void()> fn);
+  c10::intrusive_ptr<c10d::Work> enqueue_on(SerialExecutor& executor, c10d::OpType type,
+                                            std::vector<at::Tensor> outputs, std::function<void(RingzeroWork&)> fn);
+  // Reads one message from `src` into `buf` on our channel, holding src's receive lock.
+  void recv_from(const at::Tensor& buf, int src, double timeout_s);
   // The thread that carries messages to (sends) or from (recvs) `peer`, started on first use.
   SerialExecutor& peer_executor(bool sending, int peer);
   void stop_executors();
@@ -144,6 +152,13 @@ class RingzeroBackend : public c10d::Backend {
   SerialExecutor executor_;
   std::mutex peers_mu_;
   std::map<std::pair<bool, int>, std::unique_ptr<SerialExecutor>> peer_executors_;  // (sending, peer)
+  // [Note: receive from any source] It runs on its own thread, in call order. A message from rank r
+  // goes to recvs from r posted earlier: while any is queued (pending_recvs_[r] > 0) the any-source
+  // receive passes r over. Reading a channel takes its recv_locks_ entry, so the any-source thread and
+  // r's receive thread never read one channel at once; the any-source side re-checks under the lock.
+  std::unique_ptr<std::atomic<int>[]> pending_recvs_;  // per source rank: recv() queued, not finished
+  std::unique_ptr<std::mutex[]> recv_locks_;           // per source rank
+  SerialExecutor any_source_executor_;
 };
 
 }  // namespace ringzero

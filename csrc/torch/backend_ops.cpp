@@ -7,6 +7,9 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <mutex>
 #include <numeric>
 #include <optional>
 
@@ -373,9 +376,48 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::recv(std::vector<at::Tensor>& te
   if (auto* inner = route(t.device(), "recv", t.is_cpu() && p2p_ && tag == 0 && dense(t), false))
     return inner->recv(tensors, src, tag);
   const double timeout_s = config_.timeout_s;
-  return enqueue_on(peer_executor(false, src), c10d::OpType::RECV, {t}, [this, t, src, timeout_s] {
+  pending_recvs_[src].fetch_add(1);
+  try {
+    return enqueue_on(peer_executor(false, src), c10d::OpType::RECV, {t}, [this, t, src, timeout_s] {
+      struct Done {  // however the read ends, this recv no longer waits for src's next message
+        std::atomic<int>& pending;
+        ~Done() { pending.fetch_sub(1); }
+      } done{pending_recvs_[src]};
+      at::Tensor buf = writable(t);
+      recv_from(buf, src, timeout_s);
+      write_back(t, buf);
+    });
+  } catch (...) {
+    pending_recvs_[src].fetch_sub(1);  // never queued
+    throw;
+  }
+}
+
+void RingzeroBackend::recv_from(const at::Tensor& buf, int src, double timeout_s) {
+  std::lock_guard<std::mutex> lock(recv_locks_[src]);
+  p2p_->recv(buf.data_ptr(), buf.numel() * buf.element_size(), src, timeout_s);
+}
+
+// [Note: receive from any source] (backend.h). The wait polls the channels from the other ranks.
+c10::intrusive_ptr<c10d::Work> RingzeroBackend::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  const at::Tensor& t = single(tensors, "recv (any source)");
+  if (auto* inner = route(t.device(), "recvAnysource", t.is_cpu() && p2p_ && tag == 0 && dense(t), false))
+    return inner->recvAnysource(tensors, tag);
+  const double timeout_s = config_.timeout_s;
+  return enqueue_on(any_source_executor_, c10d::OpType::RECVANYSOURCE, {t}, [this, t, timeout_s](RingzeroWork& work) {
     at::Tensor buf = writable(t);
-    p2p_->recv(buf.data_ptr(), buf.numel() * buf.element_size(), src, timeout_s);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+    auto no_recv_queued = [this](int r) { return pending_recvs_[r].load() == 0; };
+    for (;;) {
+      const double left_s = std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count();
+      const int src = p2p_->wait_any_source(no_recv_queued, std::max(left_s, 0.0));
+      std::unique_lock<std::mutex> lock(recv_locks_[src]);
+      // A recv() from src may have been posted, or run, since the look: then its message is not ours.
+      if (!no_recv_queued(src) || !p2p_->has_message(src)) continue;
+      p2p_->recv(buf.data_ptr(), buf.numel() * buf.element_size(), src, timeout_s);
+      work.set_source_rank(src);
+      break;
+    }
     write_back(t, buf);
   });
 }

@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <atomic>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -55,18 +56,28 @@ class RingzeroWork : public OutputsWork {
     finish(error);
   }
 
+  // Receives from any source: the sender's group rank, set by the worker before complete().
+  void set_source_rank(int rank) { source_rank_ = rank; }
+  int sourceRank() const override {
+    TORCH_CHECK(source_rank_ >= 0, "ringzero: sourceRank() is known only for a completed receive from any source");
+    return source_rank_;
+  }
+
   bool wait(std::chrono::milliseconds timeout) override {
     std::unique_lock<std::mutex> lock(mutex_);
     if (timeout == kNoTimeout) {
       // Not unbounded: every shared-memory wait ends in a CommTimeout after the op's timeout.
       cv_.wait(lock, [&] { return completed_; });
     } else if (!cv_.wait_for(lock, timeout, [&] { return completed_; })) {
-      TORCH_CHECK(false, "ringzero: ", c10d::opTypeToString(retrieveOpType()), " (sequence number ", seq_,
-                  ") did not complete within the ", timeout.count(), " ms given to Work.wait()");
+      // "Timed out waiting <n>ms" is the wording of gloo's timeouts, which callers match.
+      TORCH_CHECK(false, "ringzero: Timed out waiting ", timeout.count(), "ms (given to Work.wait()) for ",
+                  c10d::opTypeToString(retrieveOpType()), " (sequence number ", seq_, ") on rank ", rank_);
     }
     if (exception_) std::rethrow_exception(exception_);
     return true;
   }
+ private:
+  std::atomic<int> source_rank_{-1};
 };
 
 // Runs submitted tasks one at a time, in submission order, on one lazily started thread. Every rank

@@ -1,0 +1,63 @@
+"""Training frameworks on the "ringzero" backend, against the same run on gloo, 2 CPU processes each:
+- PyTorch Lightning's DDPStrategy(process_group_backend=...) (tests/lightning_train_script.py);
+- Ray Train's TorchTrainer with TorchConfig(backend=...) on a local Ray cluster, whose workers never
+  import ringzero (tests/ray_train_script.py: torch's backend autoload registers it);
+- HF Accelerate under torchrun, the group made first (tests/accelerate_train_script.py: Accelerate
+  picks gloo on CPU itself and keeps a group that exists).
+Each must end with exactly gloo's parameters (2 ranks: each gradient average is one addition, the same
+on both), must have moved them, and must have run on ringzero's backend. tools/setup.sh installs the
+three frameworks; without one, its test fails naming it.
+"""
+import importlib
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+HERE = os.path.dirname(__file__)
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+
+
+def require(module, install):
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        pytest.fail(f"{module} is missing: tools/setup.sh installs it (pip install {install})")
+
+
+def train(script, backend, tmp_path, launcher=(sys.executable,)):
+    """Runs tests/<script> BACKEND OUT; returns what it saved: initial and final parameters, backend class."""
+    out = tmp_path / f"{backend}.pt"
+    done = subprocess.run([*launcher, os.path.join(HERE, script), backend, str(out)], capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, f"{backend} run failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return torch.load(out)
+
+
+def assert_same_training(gloo, ours):
+    assert (gloo["backend_class"], ours["backend_class"]) == ("ProcessGroupGloo", "RingzeroBackend")
+    params = [name for name in gloo["final"] if name != "ran_on_ringzero"]
+    assert len(params) == 4, params
+    for name in params:
+        assert torch.equal(ours["final"][name], gloo["final"][name]), f"{name}: ringzero and gloo runs differ"
+        assert not torch.equal(gloo["final"][name], gloo["initial"][name]), f"{name} did not train"
+
+
+def test_lightning_ddp_on_ringzero_matches_gloo(tmp_path):
+    require("lightning", "lightning")
+    runs = {b: train("lightning_train_script.py", b, tmp_path) for b in ("gloo", "ringzero")}
+    for run in runs.values():  # the class comes back as a buffer (the ranks are spawned by Lightning)
+        run["backend_class"] = "RingzeroBackend" if int(run["final"]["ran_on_ringzero"]) else "ProcessGroupGloo"
+    assert_same_training(runs["gloo"], runs["ringzero"])
+
+
+def test_ray_train_on_ringzero_matches_gloo(tmp_path):
+    require("ray.train.torch", "'ray[train]'")
+    assert_same_training(*(train("ray_train_script.py", b, tmp_path) for b in ("gloo", "ringzero")))
+
+
+def test_accelerate_on_ringzero_matches_gloo(tmp_path):
+    require("accelerate", "accelerate")
+    assert_same_training(*(train("accelerate_train_script.py", b, tmp_path, TORCHRUN) for b in ("gloo", "ringzero")))

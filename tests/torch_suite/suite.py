@@ -1,0 +1,71 @@
+"""torch's own backend conformance suite (DistributedTest._DistTestBase from
+torch.testing._internal.distributed.distributed_test, shipped in every torch wheel) as one unittest
+class, on CPU, with the backend named by BACKEND ("ringzero", the default, or "gloo" to compare) at
+WORLD_SIZE ranks (default 2). run.py drives it (pytest does not collect it by itself: not test_*.py).
+
+The suite reads BACKEND, WORLD_SIZE and TEMP_DIR when it is imported, so they are set before the
+import; the ranks are forked from the process that imported this module and inherit all of it.
+"ringzero" joins the suite as a plugin backend (DistTestCases.backend_feature, the way the suite lets
+out-of-tree backends in) with the features it shares with gloo: DDP, subgroups, and CUDA tensors
+("gpu", "cuda": ours or NCCL's; with no GPU here those tests take their CPU paths, as on gloo).
+"""
+import os
+import tempfile
+
+BACKEND = os.environ.setdefault("BACKEND", "ringzero")
+os.environ.setdefault("WORLD_SIZE", "2")
+if "TEMP_DIR" not in os.environ:  # the suite's barrier and lock files, shared by the ranks
+    os.environ["TEMP_DIR"] = tempfile.mkdtemp(prefix="ringzero_torch_suite_")
+os.environ["CUDA_VISIBLE_DEVICES"] = ""  # CPU only, on GPU machines too: the suite's GPU tests skip themselves
+
+import torch  # noqa: E402
+from torch.testing._internal.common_distributed import DistTestCases  # noqa: E402
+
+if BACKEND == "ringzero":
+    import ringzero  # noqa: F401,E402  registers the backend (autoload does too, where installed)
+
+    for feature in ("plugin", "ddp", "subgroup", "gpu", "cuda"):
+        DistTestCases.backend_feature[feature].add("ringzero")
+
+from torch.testing._internal.distributed.distributed_test import DistributedTest, TestDistBackend  # noqa: E402
+
+STAND_IN = os.environ.get("RINGZERO_STAND_IN") == "1"
+if STAND_IN:
+    # The second mode: the suite believes it runs gloo (BACKEND=gloo, so its gloo-only tests run) while
+    # every group it asks gloo for is a ringzero group, whose inner gloo serves what ringzero hands on.
+    import functools
+
+    import ringzero  # noqa: F401,E402
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d
+
+    assert BACKEND == "gloo", "RINGZERO_STAND_IN=1 stands in for gloo: run it with BACKEND=gloo"
+
+    def _ringzero_for_gloo(make_group):
+        @functools.wraps(make_group)
+        def wrapper(*args, **kwargs):
+            swapped = str(kwargs.get("backend", "")).lower() == "gloo"
+            if swapped:
+                kwargs["backend"] = "ringzero"
+            group = make_group(*args, **kwargs)
+            made = dist.group.WORLD if group is None else group  # init_process_group returns None
+            if swapped and not distributed_c10d._rank_not_in_group(made):
+                backend = made._get_backend(torch.device("cpu"))
+                assert isinstance(backend, ringzero._C.RingzeroBackend), f"stand-in made {type(backend)}"
+            return group
+        return wrapper
+
+    for module in (dist, distributed_c10d):
+        module.init_process_group = _ringzero_for_gloo(distributed_c10d.init_process_group)
+        module.new_group = _ringzero_for_gloo(distributed_c10d.new_group)
+
+torch.set_num_threads(1)  # several ranks share 2 cores
+
+
+class TorchSuite(TestDistBackend, DistributedTest._DistTestBase):
+    """Each test forks WORLD_SIZE ranks (as torch's test_distributed_fork.py does: much faster than spawning
+    fresh interpreters on 2 cores) that init_process_group(BACKEND) through a FileStore."""
+
+    def setUp(self):
+        super().setUp()
+        self._start_processes(torch.multiprocessing.get_context("fork").Process)
