@@ -55,12 +55,17 @@ constexpr size_t kPageBytes = 4096;
 // back long after its peer had arrived. Sleeping early is no cure: a futex wake took 10-20 us on the
 // idle 2-core VM and ~200 us with a niced busy loop beside the ranks, and once one rank's wake is
 // late, its peer's next wait runs past a short spin too, so every call paid a sleep. Measured on the
-// 2-core VM, 2026-11-25 (2 ranks, one `nice -n 19` busy loop beside them, median us per 4 KiB / 64 KiB
-// / 1 MiB / 16 MiB all-reduce): yield after 20 us (before): 18 / 45 / 147 / 3061; sleep after 200 us:
-// 213 / 217 / 517 / 1493; sleep after 5 ms: 2.6 / 7.7 / 59 / 1167 (idle machine: 2.9 / 8.2 / 61 / 1300).
-// With two busy loops (both cores shared) a 5 ms spin still fell into the sleep cascade at 1 MiB
-// (6.7 ms), a 50 ms spin did not (58 us). MPI libraries poll without bound; 50 ms bounds what a rank
-// waiting for a late peer (one still computing, or checkpointing) burns before it sleeps.
+// 2-core VM, 2026-11-25, with the loop of benchmarks/latency_under_load.py (2 ranks, one `nice -n 19`
+// busy loop beside them, median us per 4 KiB / 64 KiB / 1 MiB / 16 MiB all-reduce): yield after 20 us
+// (before): 18 / 45 / 147 / 3061; sleep after 200 us: 213 / 217 / 517 / 1493; sleep after 5 ms, no
+// yield: 2.6 / 7.7 / 59 / 1167 (idle machine: 2.9 / 8.2 / 61 / 1300). With two busy loops (both cores
+// shared) a 5 ms spin still fell into the sleep cascade at 1 MiB (6.7 ms), a 50 ms spin did not
+// (58 us). MPI libraries poll without bound; 50 ms bounds what a rank waiting for a late peer (one
+// still computing, or checkpointing) burns before it sleeps. The yield to a peer on the same core was
+// added after those runs, for ranks that other load has put on one core: beside a busy loop at normal
+// priority, a variant that yielded to such a peer at once (not after 20 us) ran 4 KiB in a median of
+// 9-18 us and a mean of 13 us, the old policy in a median of 5-11 us and a mean of 30-740 us. The rule
+// as it stands was not measured on its own.
 constexpr double kSpinS = 0.05;
 constexpr double kYieldToPeerS = 20e-6;  // spin this long before handing the core to a peer on it
 constexpr int kClockEvery = 64;  // spin iterations between clock reads
