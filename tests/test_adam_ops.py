@@ -9,6 +9,7 @@ our float32 arithmetic (and bfloat16 rounding of moments/params): tolerances are
 Tensor sizes 0, 1, 13 (prime), 1031 (prime) and 70001 (prime, more than four 16384-element CPU chunks).
 """
 import math
+import time
 
 import pytest
 import torch
@@ -193,9 +194,15 @@ def test_cpu_step_uses_torch_threads():
         kw = dict(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01, step=1)
         ops.adam_step_(p, g, m, v, **kw)  # starts the pool
         start = busy_threads()
-        for _ in range(40):
-            ops.adam_step_(p, g, m, v, **kw)
-        end = busy_threads()
+        # Steps until the process has used 40 ticks of CPU (a fixed count of steps took under 5 ticks per
+        # thread on a fast machine), so that each of two working threads shows at least 5.
+        deadline = time.monotonic() + 30
+        while True:
+            for _ in range(10):
+                ops.adam_step_(p, g, m, v, **kw)
+            end = busy_threads()
+            if sum(end[t] - start.get(t, 0) for t in end) >= 40 or time.monotonic() > deadline:
+                break
     finally:
         torch.set_num_threads(before)
     worked = [tid for tid in end if end[tid] - start.get(tid, 0) >= 5]
