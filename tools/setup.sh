@@ -5,6 +5,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+# An earlier editable install of ringzero whose checkout has moved or gone leaves torch's backend entry point
+# pointing at a module that no longer exists, and then `import torch` itself fails; the steps below import
+# torch only to read its version, so they do it with autoload off, and the install at the end rebinds it.
+export TORCH_DEVICE_BACKEND_AUTOLOAD=0
 # The supported torch releases (also in pyproject.toml and the README); tools/torch_compat.sh checks the ends.
 TORCH_MIN=2.10 TORCH_MAX=2.15
 if ! "$PY" -c "import torch" 2>/dev/null; then
