@@ -149,6 +149,8 @@ class ShmComm {
   uint64_t slice_ = 0;  // slices this rank has started
   uint64_t seq_ = 0;    // collectives this rank has started
   Fingerprint current_{};
+  uint64_t current_hash_ = 0;      // of current_, as published in line 0
+  std::vector<uint64_t> seen_done_;  // per local rank: a value of its `done` seen earlier (a lower bound)
   double op_start_ = 0;     // steady-clock seconds
   double op_deadline_ = 0;  // steady-clock seconds
   double busy_s_ = 0;

@@ -48,7 +48,8 @@ class Communicator:
         # one small all-gather per call, so they run only with RINGZERO_DEBUG=1.
         self.debug = cfg.debug
         self.seq = 0  # calls submitted
-        self.busy_s = 0.0  # seconds spent inside collectives (overlapped async time included)
+        self.busy_s = 0.0  # seconds inside calls that took run() (overlapped async time included); see seconds()
+        self._shm_in_run_s = 0.0  # of which on self.shm (its own clock, shm.busy_s, counts those too)
         self._running_seq = 0
         self.flight = FlightRecorder(dist.get_rank(), f"group of {self.world} ranks {self.global_ranks[:8]}",
                                      cfg.flight_dir)
@@ -128,8 +129,7 @@ class Communicator:
             return False
         self.seq += 1
         self._running_seq = self.seq
-        t0 = time.perf_counter()
-        try:
+        try:  # the time is counted by the native side (shm.busy_s): no clock read here, see seconds()
             native(*args)
         except (TypeError, ValueError):
             self.seq -= 1
@@ -137,9 +137,14 @@ class Communicator:
         except (CommTimeout, CollectiveMismatch) as e:
             path = self.flight.dump(f"{op} #{self.seq}: {type(e).__name__}")
             raise type(e)(f"{e}\nflight recorder of this rank: {path}") from e
-        finally:
-            self.busy_s += time.perf_counter() - t0
         return True
+
+    def seconds(self) -> float:
+        """Seconds spent inside this group's collectives: run()'s calls, timed here, plus the fast
+        path's, which ShmComm times itself (its busy_s counts every call on it; those that came through
+        run() are already in busy_s and are taken out)."""
+        shm = self.shm
+        return self.busy_s + (shm.busy_s - self._shm_in_run_s if shm is not None else 0.0)
 
     def _logged(self, fn, entry, queued: bool = False):
         # Calls execute one at a time (inline or on the worker), so this is the running call's number,
@@ -148,6 +153,8 @@ class Communicator:
         self._running_seq = entry[0]
         if queued:
             entry[4] = time.perf_counter()
+        shm = self.shm
+        shm_before = shm.busy_s if shm is not None else 0.0
         try:
             fn()
         except (CommTimeout, CollectiveMismatch) as e:
@@ -157,7 +164,11 @@ class Communicator:
         except BaseException as e:
             self.busy_s += self.flight.end(entry, type(e).__name__)
             raise
-        self.busy_s += self.flight.end(entry)
+        else:
+            self.busy_s += self.flight.end(entry)
+        finally:
+            if shm is not None:
+                self._shm_in_run_s += shm.busy_s - shm_before
 
     def _submit(self, fn) -> concurrent.futures.Future:
         with self._lock:
@@ -189,6 +200,8 @@ class Communicator:
             self._cuda.close()
             self._cuda = None
         self.flight.sources.clear()
+        self.busy_s = self.seconds()  # the fast path's share, before the native counter goes
+        self._shm_in_run_s = 0.0
         self.shm = None
         self.shm_direct = False
 
@@ -337,7 +350,7 @@ def get_communicator(group, op: str = "collective") -> Communicator:
 def comm_seconds() -> float:
     """Seconds this process has spent inside ringzero collectives, over all communicators."""
     with _COMMS_LOCK:
-        return sum(c.busy_s for c in _COMMS.values())
+        return sum(c.seconds() for c in _COMMS.values())
 
 
 def destroy_communicators():
