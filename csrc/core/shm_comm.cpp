@@ -67,6 +67,19 @@ constexpr size_t kPageBytes = 4096;
 // priority, a variant that yielded to such a peer at once (not after 20 us) ran 4 KiB in a median of
 // 9-18 us and a mean of 13 us, the old policy in a median of 5-11 us and a mean of 30-740 us. The rule
 // as it stands was not measured on its own.
+//
+// [Note: where the host runs the ranks' cores]
+// What remained of issue 24's two regimes after the wait fix (16/64 MiB all-reduce at 1.2/6.5 ms in some
+// jobs, 2.8-3.2/12.2-13.6 ms in others, switching within minutes or inside a job) is where the VM's host
+// runs the two vCPUs: on one last-level cache, or on two (another CCD). _C.core_round_trip_ns tells
+// them apart (45-75 ns per cache-line round trip on one L3, 370-440 ns on two, on the 2-core VM,
+// 2026-11-25), and on two L3s a plain copy of 16 MiB per rank ran 2x faster (each rank had an L3 to
+// itself) while the collective ran 2x slower (every byte a rank reads from a peer crosses between the
+// caches). The staging slots were 1 MiB then; with 256 KiB slots, whose two parities and the slice read
+// from a peer stay in a 1 MiB L2, the same runs took 1.3/6.9 ms on two L3s and 1.0/5.5 ms on one (the
+// measurements are in comm/config.py's shm_buffer_bytes). Small collectives pay the placement in
+// serialised cross-core misses, so the control block keeps what a waiter needs on one line (Control).
+// ringzero bench and benchmarks/mpi_anchor.py record the placement with every run.
 constexpr double kSpinS = 0.05;
 constexpr double kYieldToPeerS = 20e-6;  // spin this long before handing the core to a peer on it
 constexpr int kClockEvery = 64;  // spin iterations between clock reads
