@@ -514,10 +514,12 @@ void ShmComm::all_reduce_two_shot(const void* in, void* out, size_t count, DType
     for (int q = 0; q < nranks_; ++q) srcs[q] = slot(q, k) + mine.offset * es;
     reduce_n(slot(rank_, k) + mine.offset * es, srcs.data(), nranks_, mine.count, dtype, p.op, p.divisor);
     signal();
-    wait_all(phase_);
-
+    // This rank's own chunk first: it needs no peer, so it fills the time a late peer would cost.
     char* dst = static_cast<char*>(out) + sl.offset * es;
+    std::memcpy(dst + mine.offset * es, slot(rank_, k) + mine.offset * es, mine.count * es);
+    wait_all(phase_);
     for (int q = 0; q < nranks_; ++q) {
+      if (q == rank_) continue;
       const Range c = chunk_range(sl.count, nranks_, q, es);
       std::memcpy(dst + c.offset * es, slot(q, k) + c.offset * es, c.count * es);
     }
@@ -615,10 +617,13 @@ void ShmComm::all_gather(const void* in, void* out, size_t count, DType dtype) {
     std::memcpy(slot(rank_, k), static_cast<const char*>(in) + sl.offset * es, sl.count * es);
     if (s == 0) publish_fingerprint(k);
     signal();
+    if (s > 0)  // the own block needs no peer: copied while they stage theirs (after the first check)
+      std::memcpy(static_cast<char*>(out) + (rank_ * count + sl.offset) * es, slot(rank_, k), sl.count * es);
     wait_all(phase_);
     if (s == 0) check_fingerprints(k);
     for (int q = 0; q < nranks_; ++q)
-      std::memcpy(static_cast<char*>(out) + (q * count + sl.offset) * es, slot(q, k), sl.count * es);
+      if (q != rank_ || s == 0)
+        std::memcpy(static_cast<char*>(out) + (q * count + sl.offset) * es, slot(q, k), sl.count * es);
     end_slice(k);
   }
 }
