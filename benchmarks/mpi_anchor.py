@@ -193,6 +193,31 @@ def table(runs: dict, args) -> str:
     return "\n".join(lines)
 
 
+def placement_table(runs: dict, args) -> str:
+    """Markdown: the same medians taken only over the jobs that ran on one L3, then only over those on
+    two (mixed jobs left out), so that libraries are compared on the same placement."""
+    libs = ["ringzero"] + [i for i in IMPLS if i in runs]
+    names = {"ringzero": "ringzero", **{k: v[0] for k, v in IMPLS.items()}}
+    kept = {(lib, where): [r for r in runs[lib] if placement(r) == where] for lib in libs for where in ("one", "split")}
+    lines = ["| op | size | " + " | ".join(f"{names[lib]} us on one L3 / two" for lib in libs) +
+             " | best MPI / ringzero on one L3 / two |", "|---|---|" + "---|" * len(libs) + "---|",
+             "| jobs | | " + " | ".join(f"{len(kept[lib, 'one'])} / {len(kept[lib, 'split'])}" for lib in libs) + " | |"]
+
+    def med(lib, where, key):
+        xs = [r["seconds"][key] for r in kept[lib, where]]
+        return statistics.median(xs) if xs else float("nan")
+
+    for op in args.ops:
+        for size in args.sizes:
+            key = f"{op} {size}"
+            cells = [f"{med(lib, 'one', key) * 1e6:.1f} / {med(lib, 'split', key) * 1e6:.1f}" for lib in libs]
+            ratios = [min((med(lib, w, key) for lib in libs[1:]), default=float("nan")) / med("ringzero", w, key)
+                      for w in ("one", "split")]
+            lines.append(f"| {op} | {human(size)} | " + " | ".join(cells) + " | " +
+                         " / ".join(f"{x:.2f}x" for x in ratios) + " |")
+    return "\n".join(lines)
+
+
 def header(runs: dict, args) -> str:
     cpu = platform.processor() or platform.machine()
     try:
@@ -255,7 +280,8 @@ def main(argv=None):
                 time.sleep(args.settle_s)  # the previous job's processes finish tearing down first
                 runs[lib].append(run_job(lib, args, os.path.join(tmp, f"{lib}-{r}.json")))
             print(f"# round {r + 1}/{args.rounds} done ({', '.join(order)})", flush=True)
-    text = header(runs, args) + "\n\n" + table(runs, args) + "\n"
+    text = (header(runs, args) + "\n\n" + table(runs, args) + "\n\nBy placement (medians over the jobs on one L3, "
+            "then over those on two; nan: no such job):\n\n" + placement_table(runs, args) + "\n")
     print(text)
     if args.out:
         with open(args.out + ".md", "w") as f:

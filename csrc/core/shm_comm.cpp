@@ -617,13 +617,13 @@ void ShmComm::all_gather(const void* in, void* out, size_t count, DType dtype) {
     std::memcpy(slot(rank_, k), static_cast<const char*>(in) + sl.offset * es, sl.count * es);
     if (s == 0) publish_fingerprint(k);
     signal();
-    if (s > 0)  // the own block needs no peer: copied while they stage theirs (after the first check)
-      std::memcpy(static_cast<char*>(out) + (rank_ * count + sl.offset) * es, slot(rank_, k), sl.count * es);
+    // The own block needs no peer: copied while they stage theirs. (Before the first slice's check: a
+    // mismatch raises with `out` holding this rank's block, and `in` untouched.)
+    std::memcpy(static_cast<char*>(out) + (rank_ * count + sl.offset) * es, slot(rank_, k), sl.count * es);
     wait_all(phase_);
     if (s == 0) check_fingerprints(k);
     for (int q = 0; q < nranks_; ++q)
-      if (q != rank_ || s == 0)
-        std::memcpy(static_cast<char*>(out) + (q * count + sl.offset) * es, slot(q, k), sl.count * es);
+      if (q != rank_) std::memcpy(static_cast<char*>(out) + (q * count + sl.offset) * es, slot(q, k), sl.count * es);
     end_slice(k);
   }
 }
