@@ -106,10 +106,14 @@ def all_reduce(tensor: torch.Tensor, op=ReduceOp.SUM, group=None, async_op: bool
     dtype and numel). CPU or CUDA tensors (CUDA: float32, bfloat16, float16, int32, int64; see
     comm/cuda.py for streams). Returns a Work handle when async_op=True, else None."""
     comm = FAST.get(id(group))
-    if (comm is not None and comm.shm_direct and not async_op and type(op) is ReduceOp and type(tensor) is torch.Tensor
-            and tensor.is_cpu and comm.serves(group)):
-        if comm.direct(comm.shm.all_reduce, "all_reduce", tensor, tensor, _OP_CODES[op], comm.algo):
+    if (comm is not None and comm.shm_direct and not async_op and not comm._pending and type(op) is ReduceOp
+            and type(tensor) is torch.Tensor and tensor.is_cpu and comm.serves(group)):
+        comm.seq += 1  # the fast path (see Communicator.direct_failed)
+        try:
+            comm.shm_all_reduce(tensor, tensor, _OP_CODES[op], comm.algo)
             return None
+        except Exception as e:
+            comm.direct_failed(e, "all_reduce")
     op_ = op if type(op) is ReduceOp else to_reduce_op(op)
     _check_tensor(tensor, "tensor", "all_reduce", cuda_kernel=True)
     comm = _comm(group, "all_reduce")
@@ -123,10 +127,14 @@ def reduce_scatter_single(output: torch.Tensor, input: torch.Tensor, op=ReduceOp
     """output (numel k) on group rank r receives block r (elements [r*k, (r+1)*k)) of `input`
     (numel world*k) reduced across ranks. `input` is not modified."""
     comm = FAST.get(id(group))
-    if (comm is not None and comm.shm_direct and not async_op and type(op) is ReduceOp and type(output) is torch.Tensor
-            and type(input) is torch.Tensor and output.is_cpu and comm.serves(group)):
-        if comm.direct(comm.shm.reduce_scatter, "reduce_scatter", input, output, _OP_CODES[op]):
+    if (comm is not None and comm.shm_direct and not async_op and not comm._pending and type(op) is ReduceOp
+            and type(output) is torch.Tensor and type(input) is torch.Tensor and output.is_cpu and comm.serves(group)):
+        comm.seq += 1  # the fast path (see Communicator.direct_failed)
+        try:
+            comm.shm_reduce_scatter(input, output, _OP_CODES[op])
             return None
+        except Exception as e:
+            comm.direct_failed(e, "reduce_scatter")
     op_ = to_reduce_op(op)
     _check_pair(output, "output", input, "input", "reduce_scatter_single")
     comm = _comm(group, "reduce_scatter_single")
@@ -147,10 +155,14 @@ def reduce_scatter_single(output: torch.Tensor, input: torch.Tensor, op=ReduceOp
 def all_gather_single(output_tensor: torch.Tensor, input_tensor: torch.Tensor, group=None, async_op: bool = False):
     """output_tensor (numel world*k) receives every rank's input_tensor (numel k) in rank order."""
     comm = FAST.get(id(group))
-    if (comm is not None and comm.shm_direct and not async_op and type(output_tensor) is torch.Tensor
+    if (comm is not None and comm.shm_direct and not async_op and not comm._pending and type(output_tensor) is torch.Tensor
             and type(input_tensor) is torch.Tensor and output_tensor.is_cpu and comm.serves(group)):
-        if comm.direct(comm.shm.all_gather, "all_gather", input_tensor, output_tensor):
+        comm.seq += 1  # the fast path (see Communicator.direct_failed)
+        try:
+            comm.shm_all_gather(input_tensor, output_tensor)
             return None
+        except Exception as e:
+            comm.direct_failed(e, "all_gather")
     _check_pair(output_tensor, "output_tensor", input_tensor, "input_tensor", "all_gather_single")
     comm = _comm(group, "all_gather_single")
     if comm is None:
