@@ -138,6 +138,14 @@ PYBIND11_MODULE(_C, m) {
              py::gil_scoped_release nogil;
              c.all_reduce(in.data_ptr(), out.data_ptr(), in.numel(), d, to_op(op), static_cast<AllReduceAlgo>(algo));
            })
+      .def("all_reduce_",
+           [](ShmComm& c, const at::Tensor& t, int op, int algo) {
+             // In place, one tensor: the api's fast path (each tensor argument costs its conversion).
+             check_cpu(t, "tensor");
+             const DType d = to_dtype(t, "tensor");
+             py::gil_scoped_release nogil;
+             c.all_reduce(t.data_ptr(), t.data_ptr(), t.numel(), d, to_op(op), static_cast<AllReduceAlgo>(algo));
+           })
       .def("reduce_scatter",
            [](ShmComm& c, at::Tensor in, at::Tensor out, int op) {
              const DType d = check_pair(in, out);

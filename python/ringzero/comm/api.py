@@ -110,7 +110,7 @@ def all_reduce(tensor: torch.Tensor, op=ReduceOp.SUM, group=None, async_op: bool
             and type(tensor) is torch.Tensor and tensor.is_cpu and comm.serves(group)):
         comm.seq += 1  # the fast path (see Communicator.direct_failed)
         try:
-            comm.shm_all_reduce(tensor, tensor, _OP_CODES[op], comm.algo)
+            comm.shm_all_reduce_(tensor, _OP_CODES[op], comm.algo)
             return None
         except Exception as e:
             comm.direct_failed(e, "all_reduce")

@@ -67,7 +67,7 @@ class Communicator:
             self._setup_shm()
         self.shm_direct = self.single_host and self.shm is not None
         if self.shm_direct:  # bound once: the fast path calls them without a lookup on self.shm
-            self.shm_all_reduce, self.shm_reduce_scatter = self.shm.all_reduce, self.shm.reduce_scatter
+            self.shm_all_reduce_, self.shm_reduce_scatter = self.shm.all_reduce_, self.shm.reduce_scatter
             self.shm_all_gather = self.shm.all_gather
         if self.shm is not None:  # the bound method, not a lambda over self: no cycle keeps the group alive
             self.flight.sources["shared-memory collectives (their own record, the api's fast path included)"] = \
@@ -125,7 +125,7 @@ class Communicator:
     # The api's fast path for a blocking collective on this host's shared memory is written inline in
     # api.all_reduce, reduce_scatter_single and all_gather_single (a method call here cost 0.1-0.15 us of
     # a 1.4 us 4 KiB call): when nothing is pending (`_pending`, else run() must order the call) it
-    # counts the call (seq) and calls the native op (shm_all_reduce, ...) on the calling thread; ShmComm times
+    # counts the call (seq) and calls the native op (shm_all_reduce_, ...) on the calling thread; ShmComm times
     # it (busy_s) and logs it in its own history, which the flight recorder dumps. On an exception it
     # calls direct_failed.
     def direct_failed(self, e: BaseException, op: str) -> None:
@@ -205,7 +205,7 @@ class Communicator:
         self._shm_in_run_s = 0.0
         self.shm = None
         self.shm_direct = False
-        self.shm_all_reduce = self.shm_reduce_scatter = self.shm_all_gather = None
+        self.shm_all_reduce_ = self.shm_reduce_scatter = self.shm_all_gather = None
 
     def _label(self, op: str) -> str:
         return f"{op} (sequence number {self._running_seq})"
