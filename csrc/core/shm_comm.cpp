@@ -176,6 +176,7 @@ ShmComm::ShmComm(const std::string& name, int rank, int nranks, size_t slot_byte
     throw InvalidArgument("group_ranks must have one entry per local rank");
   for (int i = 0; i < nranks; ++i) all_ranks_.push_back(i);
   seen_done_.assign(nranks, 0);
+  srcs_.assign(nranks, nullptr);
   spin_allowed_ = spin_ = nranks <= usable_cpus();
 
   seg_ = ShmSegment::create_or_open(name, segment_bytes(nranks, slot_bytes),
@@ -477,7 +478,7 @@ void ShmComm::all_reduce_one_shot(const void* in, void* out, size_t count, DType
   const size_t es = dtype_size(dtype);
   const size_t slot_elems = slot_bytes_ / es;
   const Prepared p = prepare(op, nranks_);
-  std::vector<const void*> srcs(nranks_);
+  std::vector<const void*>& srcs = srcs_;  // one per communicator: no allocation per call
   for (size_t s = 0, n = num_slices(count, slot_elems); s < n; ++s) {
     const Range sl = slice_range(count, slot_elems, s);
     const uint64_t k = begin_slice();
@@ -500,7 +501,7 @@ void ShmComm::all_reduce_two_shot(const void* in, void* out, size_t count, DType
   const size_t es = dtype_size(dtype);
   const size_t slot_elems = slot_bytes_ / es;
   const Prepared p = prepare(op, nranks_);
-  std::vector<const void*> srcs(nranks_);
+  std::vector<const void*>& srcs = srcs_;  // one per communicator: no allocation per call
   for (size_t s = 0, n = num_slices(count, slot_elems); s < n; ++s) {
     const Range sl = slice_range(count, slot_elems, s);
     const uint64_t k = begin_slice();
@@ -580,7 +581,7 @@ void ShmComm::reduce_scatter(const void* in, void* out, size_t count_per_rank, D
   }
   const size_t block_elems = slot_bytes_ / es / nranks_;
   const Prepared p = prepare(op, nranks_);
-  std::vector<const void*> srcs(nranks_);
+  std::vector<const void*>& srcs = srcs_;  // one per communicator: no allocation per call
   for (size_t s = 0, n = num_slices(count_per_rank, block_elems); s < n; ++s) {
     const Range sl = slice_range(count_per_rank, block_elems, s);
     const uint64_t k = begin_slice();
@@ -702,7 +703,7 @@ void ShmComm::reduce(const void* in, void* out, size_t count, DType dtype, Reduc
   }
   const size_t slot_elems = slot_bytes_ / es;
   const Prepared p = prepare(op, nranks_);
-  std::vector<const void*> srcs(nranks_);
+  std::vector<const void*>& srcs = srcs_;  // one per communicator: no allocation per call
   for (size_t s = 0, n = num_slices(count, slot_elems); s < n; ++s) {
     const Range sl = slice_range(count, slot_elems, s);
     const uint64_t k = begin_slice();

@@ -151,6 +151,7 @@ class ShmComm {
   Fingerprint current_{};
   uint64_t current_hash_ = 0;      // of current_, as published in line 0
   std::vector<uint64_t> seen_done_;  // per local rank: a value of its `done` seen earlier (a lower bound)
+  std::vector<const void*> srcs_;    // the reductions' source pointers (one collective runs at a time)
   double op_start_ = 0;     // steady-clock seconds
   double op_deadline_ = 0;  // steady-clock seconds
   double busy_s_ = 0;
