@@ -496,7 +496,10 @@ void ShmComm::all_reduce_one_shot(const void* in, void* out, size_t count, DType
 // Two-shot: copy in; barrier; rank r reduces chunk r of all slots into its own slot (reduce-scatter);
 // barrier; every rank copies all reduced chunks out (all-gather).
 // Per rank per slice of B bytes: reads 3B + writes 2B + B/n; two synchronisations. Bitwise identical
-// on every rank (each chunk is reduced once).
+// on every rank (each chunk is reduced once). Staging only the peers' chunks and reducing the own one
+// from `in` (as reduce_scatter does) was measured and dropped: the reduction then writes slot lines a
+// peer read last (not ones this rank just wrote), and 1/16/64 MiB took 1.5-2x longer (2-core VM,
+// 2026-11-25).
 void ShmComm::all_reduce_two_shot(const void* in, void* out, size_t count, DType dtype, ReduceOp op) {
   const size_t es = dtype_size(dtype);
   const size_t slot_elems = slot_bytes_ / es;
@@ -569,9 +572,9 @@ void ShmComm::all_reduce_ring(const void* in, void* out, size_t count, DType dty
   }
 }
 
-// Reduce-scatter: each rank stages the slice of every destination block; rank r reduces block r from
-// all slots straight into its output. Per rank per slice of B bytes of output: writes n*B to shm,
-// reads n*B, writes B; one synchronisation.
+// Reduce-scatter: each rank stages the slice of every peer's destination block; rank r reduces block r
+// from its own input and the peers' slots straight into its output. Per rank per slice of B bytes of
+// output: writes (n-1)*B to shm, reads (2n-1)*B, writes B; one synchronisation.
 void ShmComm::reduce_scatter(const void* in, void* out, size_t count_per_rank, DType dtype, ReduceOp op) {
   OpGuard guard(this, CollectiveKind::ReduceScatter, dtype, op, -1, count_per_rank);
   const size_t es = dtype_size(dtype);
@@ -585,14 +588,16 @@ void ShmComm::reduce_scatter(const void* in, void* out, size_t count_per_rank, D
   for (size_t s = 0, n = num_slices(count_per_rank, block_elems); s < n; ++s) {
     const Range sl = slice_range(count_per_rank, block_elems, s);
     const uint64_t k = begin_slice();
-    for (int q = 0; q < nranks_; ++q)
-      std::memcpy(slot(rank_, k) + q * sl.count * es,
-                  static_cast<const char*>(in) + (q * count_per_rank + sl.offset) * es, sl.count * es);
+    const char* own = static_cast<const char*>(in) + (rank_ * count_per_rank + sl.offset) * es;
+    for (int q = 0; q < nranks_; ++q)  // block q for rank q's reduction; this rank's own block stays in `in`
+      if (q != rank_)
+        std::memcpy(slot(rank_, k) + q * sl.count * es,
+                    static_cast<const char*>(in) + (q * count_per_rank + sl.offset) * es, sl.count * es);
     if (s == 0) publish_fingerprint(k);
     signal();
     wait_all(phase_);
     if (s == 0) check_fingerprints(k);
-    for (int q = 0; q < nranks_; ++q) srcs[q] = slot(q, k) + rank_ * sl.count * es;
+    for (int q = 0; q < nranks_; ++q) srcs[q] = q == rank_ ? own : slot(q, k) + rank_ * sl.count * es;
     reduce_n(static_cast<char*>(out) + sl.offset * es, srcs.data(), nranks_, sl.count, dtype, p.op, p.divisor);
     end_slice(k);
   }
