@@ -65,8 +65,12 @@ constexpr size_t kPageBytes = 4096;
 // still computing, or checkpointing) burns before it sleeps. The yield to a peer on the same core was
 // added after those runs, for ranks that other load has put on one core: beside a busy loop at normal
 // priority, a variant that yielded to such a peer at once (not after 20 us) ran 4 KiB in a median of
-// 9-18 us and a mean of 13 us, the old policy in a median of 5-11 us and a mean of 30-740 us. The rule
-// as it stands was not measured on its own.
+// 9-18 us and a mean of 13 us, the old policy in a median of 5-11 us and a mean of 30-740 us. The delay
+// before that yield, measured later (benchmarks/latency_under_load.py --background 1, three runs each at
+// nice 0 and nice 19, mean us per call): 20 us (kept) against 5 us gave 4 KiB 20-26 against 9-11, 64 KiB
+// 22-29 against 13-14 beside a nice-0 loop but 7-9 against 12-14 beside a niced one, 1 MiB 44-131
+// against 47-111; mixed, so unchanged. It is what a row costs when the guest scheduler packs both
+// ranks on one vCPU (single 0.2 s benchmark rows at 16-29 us, 2026-11-25).
 //
 // [Note: where the host runs the ranks' cores]
 // What remained of issue 24's two regimes after the wait fix (16/64 MiB all-reduce at 1.2/6.5 ms in some
