@@ -110,7 +110,7 @@ def mpi_worker(args):
     results = _time_ops(args, comm.Get_size(), lambda n: np.ones(n, np.float32), calls, comm.Barrier,
                         lambda x: comm.allreduce(x, op=MPI.MAX))
     if comm.Get_rank() == 0:
-        _write(args.result, results, MPI.Get_library_version().splitlines()[0].strip())
+        _write(args.result, results, MPI.Get_library_version().replace("\x00", "").splitlines()[0].strip())
 
 
 def ringzero_worker(args):
@@ -153,22 +153,20 @@ def run_job(impl: str, args, result: str):
 
 
 def round_trip_ns() -> float | None:
-    """The cache-line round trip between the first two cpus (ringzero.bench.core_placement), measured by
-    the driver between jobs: tens of ns when the host has both on one last-level cache, hundreds when not."""
-    import ringzero
+    """The cache-line round trip between the first two cpus (ringzero.bench.core_round_trip_ns), measured
+    by the driver between jobs: tens of ns when the host has both on one last-level cache, hundreds when not."""
+    from ringzero.bench import core_round_trip_ns
 
-    cpus = sorted(os.sched_getaffinity(0))
-    return round(ringzero._C.core_round_trip_ns(cpus[0], cpus[1]), 1) if len(cpus) > 1 else None
+    ns = core_round_trip_ns()
+    return None if ns is None else round(ns, 1)
 
 
 def placement(run: dict) -> str:
-    """"one" (one L3 before and after the job), "split" (separate L3s both times) or "mixed"."""
-    from ringzero.bench import SPLIT_CACHE_NS
+    """"one" (one L3 before and after the job), "split" (separate L3s both times), "mixed" or "n/a"."""
+    from ringzero.bench import placement_of
 
     ns = [x for x in run.get("round_trip_ns", []) if x is not None]
-    if not ns:
-        return "n/a"
-    return "one" if max(ns) <= SPLIT_CACHE_NS else "split" if min(ns) > SPLIT_CACHE_NS else "mixed"
+    return placement_of(ns) if ns else "n/a"
 
 
 def table(runs: dict, args) -> str:

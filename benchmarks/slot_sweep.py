@@ -42,13 +42,6 @@ def worker(args):
         print("RESULT " + json.dumps(out), flush=True)
 
 
-def round_trip() -> float:
-    import ringzero
-
-    cpus = sorted(os.sched_getaffinity(0))
-    return ringzero._C.core_round_trip_ns(cpus[0], cpus[1])
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("settings", nargs="*")
@@ -62,7 +55,7 @@ def main(argv=None):
         from ringzero.launch import launch
 
         return launch(worker, 2, args)
-    from ringzero.bench import SPLIT_CACHE_NS
+    from ringzero.bench import core_round_trip_ns, placement_of
 
     if not args.settings:
         p.error("name at least one setting (or `default`)")
@@ -74,18 +67,17 @@ def main(argv=None):
             env = dict(os.environ)
             if setting != "default":
                 env.update(kv.split("=", 1) for kv in setting.split(","))
-            before = round_trip()
+            before = core_round_trip_ns()
             run = subprocess.run([sys.executable, HERE, "--worker", "--sizes", ",".join(str(s >> 20) for s in args.sizes),
                                   "--budget-s", str(args.budget_s)], env=env, capture_output=True, text=True)
-            after = round_trip()
+            after = core_round_trip_ns()
             line = next((ln for ln in run.stdout.splitlines() if ln.startswith("RESULT ")), None)
             if run.returncode != 0 or line is None:
                 raise SystemExit(f"job {setting} failed:\n{run.stderr[-3000:]}")
-            where = ("one" if max(before, after) <= SPLIT_CACHE_NS else
-                     "split" if min(before, after) > SPLIT_CACHE_NS else None)
-            if where:
+            where = placement_of([before, after])
+            if where != "mixed":
                 jobs[setting][where].append(json.loads(line[7:]))
-            print(f"# round {r + 1} {setting}: round trip {before:.0f}/{after:.0f} ns -> {where or 'changed, dropped'}",
+            print(f"# round {r + 1} {setting}: round trip {before:.0f}/{after:.0f} ns -> {where if where != 'mixed' else 'changed, dropped'}",
                   flush=True)
     for where in ("one", "split"):
         print(f"\n## cores on {'one L3' if where == 'one' else 'two L3s'}: median ms (jobs)")

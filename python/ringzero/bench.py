@@ -103,17 +103,30 @@ def stream_bandwidth(nbytes: int = 64 << 20, budget_s: float = 0.5) -> float:
 SPLIT_CACHE_NS = 150.0
 
 
-def core_placement() -> str:
-    """How the first two cpus of this process's affinity set sit: "<ns> ns round trip (one L3)" or
-    "(separate L3s)", from ringzero._C.core_round_trip_ns; "one cpu" when there is only one. A VM's host
-    may move its vCPUs between the two within a minute, and the large-message collectives run up to 2x
-    slower on separate last-level caches, so every benchmark of ours records it with its numbers."""
+def core_round_trip_ns() -> float | None:
+    """ringzero._C.core_round_trip_ns between the first two cpus of this process's affinity set; None
+    when it has only one."""
     import ringzero
 
     cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < 2:
+    return ringzero._C.core_round_trip_ns(cpus[0], cpus[1]) if len(cpus) > 1 else None
+
+
+def placement_of(round_trips_ns) -> str:
+    """"one" when every round trip says one L3, "split" when every one says two, else "mixed"."""
+    split = [ns > SPLIT_CACHE_NS for ns in round_trips_ns]
+    return "split" if all(split) else "one" if not any(split) else "mixed"
+
+
+def core_placement() -> str:
+    """How the first two cpus of this process's affinity set sit: "<ns> ns round trip (one L3)" or
+    "(separate L3s)", from core_round_trip_ns; "one cpu" when there is only one. A VM's host may move
+    its vCPUs between the two within a minute, and the large-message collectives run up to 2x slower on
+    separate last-level caches, so every benchmark of ours records it with its numbers."""
+    ns = core_round_trip_ns()
+    if ns is None:
         return "one cpu"
-    ns = ringzero._C.core_round_trip_ns(cpus[0], cpus[1])
+    cpus = sorted(os.sched_getaffinity(0))
     return f"{ns:.0f} ns round trip cpus {cpus[0]}-{cpus[1]} ({'separate L3s' if ns > SPLIT_CACHE_NS else 'one L3'})"
 
 
