@@ -33,6 +33,7 @@ endforeach()
 
 set(RINGZERO_TORCH_SOURCES
   csrc/torch/module.cpp
+  csrc/torch/shm_direct.cpp
   csrc/torch/adam_bindings.cpp
   csrc/torch/cuda_bindings.cpp
   csrc/torch/backend.cpp

@@ -66,3 +66,57 @@ def _fast_path_cases(rank, world):
 @pytest.mark.parametrize("world", [2, 3])
 def test_fast_path_results_records_and_errors(world):
     assert run_ranks(world, _fast_path_cases, timeout_s=300) == [True] * world
+
+
+def _direct_refusals(rank, world):
+    """The native entry (csrc/torch/shm_direct.cpp) returns False, having done nothing, for every argument
+    it does not take: called on one rank only, none of them may synchronise (or the next collective,
+    checked against its known result, would hang or mismatch). The api then takes its slow path."""
+    comm = get_communicator(dist.group.WORLD)
+    x = torch.full((4,), float(rank + 1))
+    ringzero.all_reduce(x)
+    direct_ar, direct_rs, direct_ag = comm.shm_all_reduce_, comm.shm_reduce_scatter, comm.shm_all_gather
+    SUM = ringzero.ReduceOp.SUM
+    f32, i64 = torch.ones(world * 4), torch.ones(world * 4, dtype=torch.int64)
+
+    class Sub(torch.Tensor):
+        pass
+
+    if rank == 0:
+        refused = [
+            direct_ar(f32, 0, comm.algo),                        # a plain int op: only ringzero.ReduceOp
+            direct_ar(f32, dist.ReduceOp.SUM, comm.algo),        # torch's ops go through to_reduce_op
+            direct_ar(f32, SUM, -1),                             # algo out of range
+            direct_ar(f32.view(4, world).t(), SUM, comm.algo),   # not contiguous
+            direct_ar(f32.as_subclass(Sub), SUM, comm.algo),     # a subclass (may define __torch_function__)
+            direct_ar(torch.ones(4, dtype=torch.complex64), SUM, comm.algo),  # a dtype the kernels lack
+            direct_ar(torch.ones(4, device="meta"), SUM, comm.algo),          # not a CPU tensor
+            direct_ar(f32.to_sparse(), SUM, comm.algo),          # not strided
+            direct_ar([1.0], SUM, comm.algo),                    # not a tensor
+            direct_ag(f32[:4], f32[:world * 4 - 1]),             # output size
+            direct_ag(f32[:4], i64),                             # dtypes differ
+            direct_rs(f32, f32[:4], SUM),                        # output overlaps input
+            direct_rs(f32, torch.empty(5), SUM),                 # sizes
+            direct_rs(f32, torch.empty(4), 1),                   # plain int op
+        ]
+        assert refused == [False] * len(refused), refused
+        with pytest.raises(TypeError, match="takes 3 arguments"):
+            direct_ar(f32, SUM)
+    seq = comm.seq
+    assert direct_ar(x, SUM, comm.algo) is True  # taken: runs on every rank, in step after the refusals
+    assert torch.equal(x, torch.full((4,), float(world * world * (world + 1) / 2)))
+    assert comm.seq == seq  # the raw entry does not count; the api does, once per call
+    y = torch.nn.Parameter(torch.full((3,), float(rank)), requires_grad=False)
+    ringzero.all_reduce(y)  # a Parameter is a plain tensor to C++: the fast path takes it
+    assert torch.equal(y.data, torch.full((3,), float(sum(range(world)))))
+    ringzero.all_reduce(y, op=dist.ReduceOp.MAX)  # torch's op: the slow path, same result
+    assert torch.equal(y.data, torch.full((3,), float(sum(range(world)))))
+    assert comm.seq == seq + 2
+    with pytest.raises(TypeError):
+        ringzero._C.ShmDirect()  # made only by _C.shm_direct(shm), which keeps its ShmComm alive
+    return True
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_direct_entry_refuses_without_synchronising(world):
+    assert run_ranks(world, _direct_refusals, timeout_s=300) == [True] * world

@@ -15,6 +15,7 @@ using namespace ringzero;
 void bind_adam(py::module& m);  // adam_bindings.cpp
 void bind_cuda(py::module_& m);  // cuda_bindings.cpp
 void bind_enums(py::module_& m);  // enum_bindings.cpp
+void bind_shm_direct(py::module_& m, PyObject* comm_error, PyObject* comm_timeout, PyObject* mismatch);  // shm_direct.cpp
 
 namespace {
 
@@ -68,6 +69,7 @@ PYBIND11_MODULE(_C, m) {
   });
 
   bind_enums(m);
+  bind_shm_direct(m, comm_error.ptr(), comm_timeout.ptr(), mismatch.ptr());
   bind_adam(m);
   bind_cuda(m);
   { void bind_backend(py::module_&); bind_backend(m); }  // c10d backend: csrc/torch/backend_bindings.cpp

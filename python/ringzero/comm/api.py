@@ -15,7 +15,6 @@ from .types import SUPPORTED_DTYPES, ReduceOp, to_reduce_op
 from .work import Work
 
 _SUPPORTED = frozenset(SUPPORTED_DTYPES)
-_OP_CODES = {op: int(op) for op in ReduceOp}  # pybind takes plain ints, not IntEnum members
 
 
 def _resolve_group(group, op: str):
@@ -106,12 +105,11 @@ def all_reduce(tensor: torch.Tensor, op=ReduceOp.SUM, group=None, async_op: bool
     dtype and numel). CPU or CUDA tensors (CUDA: float32, bfloat16, float16, int32, int64; see
     comm/cuda.py for streams). Returns a Work handle when async_op=True, else None."""
     comm = FAST.get(id(group))
-    if (comm is not None and comm.shm_direct and not async_op and not comm._pending and type(op) is ReduceOp
-            and type(tensor) is torch.Tensor and tensor.is_cpu and comm.serves(group)):
-        comm.seq += 1  # the fast path (see Communicator.direct_failed)
-        try:
-            comm.shm_all_reduce_(tensor, _OP_CODES[op], comm.algo)
-            return None
+    if comm is not None and comm.shm_direct and not async_op and not comm._pending and comm.serves(group):
+        try:  # the fast path (see Communicator.direct_failed); False: tensors it does not take
+            if comm.shm_all_reduce_(tensor, op, comm.algo):
+                comm.seq += 1
+                return None
         except Exception as e:
             comm.direct_failed(e, "all_reduce")
     op_ = op if type(op) is ReduceOp else to_reduce_op(op)
@@ -127,12 +125,11 @@ def reduce_scatter_single(output: torch.Tensor, input: torch.Tensor, op=ReduceOp
     """output (numel k) on group rank r receives block r (elements [r*k, (r+1)*k)) of `input`
     (numel world*k) reduced across ranks. `input` is not modified."""
     comm = FAST.get(id(group))
-    if (comm is not None and comm.shm_direct and not async_op and not comm._pending and type(op) is ReduceOp
-            and type(output) is torch.Tensor and type(input) is torch.Tensor and output.is_cpu and comm.serves(group)):
-        comm.seq += 1  # the fast path (see Communicator.direct_failed)
-        try:
-            comm.shm_reduce_scatter(input, output, _OP_CODES[op])
-            return None
+    if comm is not None and comm.shm_direct and not async_op and not comm._pending and comm.serves(group):
+        try:  # the fast path (see Communicator.direct_failed); False: tensors it does not take
+            if comm.shm_reduce_scatter(input, output, op):
+                comm.seq += 1
+                return None
         except Exception as e:
             comm.direct_failed(e, "reduce_scatter")
     op_ = to_reduce_op(op)
@@ -155,12 +152,11 @@ def reduce_scatter_single(output: torch.Tensor, input: torch.Tensor, op=ReduceOp
 def all_gather_single(output_tensor: torch.Tensor, input_tensor: torch.Tensor, group=None, async_op: bool = False):
     """output_tensor (numel world*k) receives every rank's input_tensor (numel k) in rank order."""
     comm = FAST.get(id(group))
-    if (comm is not None and comm.shm_direct and not async_op and not comm._pending and type(output_tensor) is torch.Tensor
-            and type(input_tensor) is torch.Tensor and output_tensor.is_cpu and comm.serves(group)):
-        comm.seq += 1  # the fast path (see Communicator.direct_failed)
-        try:
-            comm.shm_all_gather(input_tensor, output_tensor)
-            return None
+    if comm is not None and comm.shm_direct and not async_op and not comm._pending and comm.serves(group):
+        try:  # the fast path (see Communicator.direct_failed); False: tensors it does not take
+            if comm.shm_all_gather(input_tensor, output_tensor):
+                comm.seq += 1
+                return None
         except Exception as e:
             comm.direct_failed(e, "all_gather")
     _check_pair(output_tensor, "output_tensor", input_tensor, "input_tensor", "all_gather_single")

@@ -66,9 +66,10 @@ class Communicator:
         if self.local_world > 1:
             self._setup_shm()
         self.shm_direct = self.single_host and self.shm is not None
-        if self.shm_direct:  # bound once: the fast path calls them without a lookup on self.shm
-            self.shm_all_reduce_, self.shm_reduce_scatter = self.shm.all_reduce_, self.shm.reduce_scatter
-            self.shm_all_gather = self.shm.all_gather
+        if self.shm_direct:  # bound once: the fast path calls them without a lookup (csrc/torch/shm_direct.cpp)
+            direct = _C.shm_direct(self.shm)
+            self.shm_all_reduce_, self.shm_reduce_scatter = direct.all_reduce_, direct.reduce_scatter
+            self.shm_all_gather = direct.all_gather
         if self.shm is not None:  # the bound method, not a lambda over self: no cycle keeps the group alive
             self.flight.sources["shared-memory collectives (their own record, the api's fast path included)"] = \
                 self.shm.history
@@ -124,17 +125,16 @@ class Communicator:
 
     # The api's fast path for a blocking collective on this host's shared memory is written inline in
     # api.all_reduce, reduce_scatter_single and all_gather_single (a method call here cost 0.1-0.15 us of
-    # a 1.4 us 4 KiB call): when nothing is pending (`_pending`, else run() must order the call) it
-    # counts the call (seq) and calls the native op (shm_all_reduce_, ...) on the calling thread; ShmComm times
-    # it (busy_s) and logs it in its own history, which the flight recorder dumps. On an exception it
-    # calls direct_failed.
+    # a 1.4 us 4 KiB call): when nothing is pending (`_pending`, else run() must order the call) it calls
+    # the native op (shm_all_reduce_, ...: csrc/torch/shm_direct.cpp) on the calling thread, which checks
+    # the tensors itself and returns False, having done nothing, for any it does not take (the api's slow
+    # path then handles or explains them), True when the collective ran; the api then counts the call
+    # (seq). ShmComm times it (busy_s) and logs it in its own history, which the flight recorder dumps.
+    # On an exception the api calls direct_failed.
     def direct_failed(self, e: BaseException, op: str) -> None:
-        """Returns (undoing the count) when the native argument checks refused the tensors, so that the
-        api takes the slow path and explains the problem in its own words; re-raises a timeout or a
-        mismatch naming the flight recorder's dump, and anything else as it is."""
-        if isinstance(e, (TypeError, ValueError)):
-            self.seq -= 1
-            return
+        """Counts the failed call, then re-raises: a timeout or a mismatch naming the flight recorder's
+        dump, anything else as it is."""
+        self.seq += 1
         if isinstance(e, (CommTimeout, CollectiveMismatch)):
             path = self.flight.dump(f"{op} #{self.seq}: {type(e).__name__}")
             raise type(e)(f"{e}\nflight recorder of this rank: {path}") from e

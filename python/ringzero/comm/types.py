@@ -19,6 +19,7 @@ def _from_cpp(name: str, table: dict, doc: str) -> type[enum.IntEnum]:
 
 ReduceOp = _from_cpp("ReduceOp", _C.REDUCE_OPS,
                      "Reduction operators, mirroring torch.distributed.ReduceOp (SUM, AVG, MIN, MAX, PRODUCT).")
+_C.set_reduce_op_type(ReduceOp)  # the api's fast path (_C.shm_direct) takes exactly these as `op`
 AllReduceAlgo = _from_cpp("AllReduceAlgo", _C.ALL_REDUCE_ALGOS,
                           "All-reduce schedules (AUTO, ONESHOT, TWOSHOT, RING), chosen by RINGZERO_ALLREDUCE_ALGO.")
 CollectiveKind = _from_cpp("CollectiveKind", _C.COLLECTIVE_KINDS,
