@@ -43,7 +43,8 @@ constexpr size_t kPageBytes = 4096;
 // A waiter spins (with pause) while its peer is expected soon, then sleeps in the kernel on the futex
 // word of the peer it still waits for, which that peer wakes when it makes progress; every sleep is
 // bounded by kCheckEveryS, after which it checks the abort flag, the peers' liveness and the deadline.
-// It spins only when every rank of the host has a core of its own (ranks <= usable cpus) and the caller
+// It spins only when every rank of the host can have a core of its own (ranks <= the cpus the host's ranks
+// may run on together: set_host_cpus, from the affinity sets the ranks exchange at setup) and the caller
 // is blocked on the result (a synchronous call; an async call's worker thread, or the c10d backend's,
 // shares its core with the rank's compute, so it sleeps at once: set_spin(false)). It spins for up to
 // kSpinS, then sleeps. While spinning it calls sched_yield only when the peer it waits for last ran on
@@ -84,6 +85,11 @@ constexpr size_t kPageBytes = 4096;
 // measurements are in comm/config.py's shm_buffer_bytes). Small collectives pay the placement in
 // serialised cross-core misses, so the control block keeps what a waiter needs on one line (Control).
 // ringzero bench and benchmarks/mpi_anchor.py record the placement with every run.
+// Inside the guest, the scheduler sometimes ran both ranks on one vCPU for a while (rows of 4 KiB
+// collectives at 10-25 us instead of ~1, in about one job of ten); ringzero's launcher now binds each
+// local rank to its own share of the cpus (launch.core_share, RINGZERO_BIND_CORES), as Open MPI does by
+// default, and the spin decision counts the cpus of all the host's ranks (set_host_cpus), not one
+// rank's own.
 constexpr double kSpinS = 0.05;
 constexpr double kYieldToPeerS = 20e-6;  // spin this long before handing the core to a peer on it
 constexpr int kClockEvery = 64;  // spin iterations between clock reads

@@ -56,6 +56,10 @@ class ShmComm {
   // the c10d backend's worker thread) turns it off to leave them the core, and may turn it on again for
   // a blocking call. [Note: waiting in the shared-memory collectives] in shm_comm.cpp.
   void set_spin(bool spin) { spin_ = spin && spin_allowed_; }
+  // How many distinct cpus the host's ranks may run on, together (the union of their affinity masks):
+  // waits may spin when that is at least the number of ranks. The constructor assumes this process's
+  // own affinity, which undercounts once a launcher has bound each rank to its own cores. Resets spin().
+  void set_host_cpus(int cpus) { spin_ = spin_allowed_ = nranks_ <= cpus; }
   bool spin() const { return spin_; }
 
   // All pointers are this process's memory; counts are elements. `in` may equal `out` where shapes

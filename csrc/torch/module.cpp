@@ -117,6 +117,8 @@ PYBIND11_MODULE(_C, m) {
       .def("set_timeout", &ShmComm::set_timeout)
       .def("set_spin", &ShmComm::set_spin, py::arg("spin"),
            "Whether waits may spin before sleeping (never when ranks outnumber cores); see shm_comm.cpp")
+      .def("set_host_cpus", &ShmComm::set_host_cpus, py::arg("cpus"),
+           "Distinct cpus the host's ranks may run on together; waits spin only if every rank can have one")
       .def_property_readonly("spin", static_cast<bool (ShmComm::*)() const>(&ShmComm::spin))
       .def("history",
            [](const ShmComm& c) {

@@ -103,12 +103,12 @@ def stream_bandwidth(nbytes: int = 64 << 20, budget_s: float = 0.5) -> float:
 SPLIT_CACHE_NS = 150.0
 
 
-def core_round_trip_ns() -> float | None:
-    """ringzero._C.core_round_trip_ns between the first two cpus of this process's affinity set; None
-    when it has only one."""
+def core_round_trip_ns(pair=None) -> float | None:
+    """ringzero._C.core_round_trip_ns between the two cpus of `pair` (default: the first two of this
+    process's affinity set; both must be in it); None when there is no such pair."""
     import ringzero
 
-    cpus = sorted(os.sched_getaffinity(0))
+    cpus = list(pair) if pair else sorted(os.sched_getaffinity(0))[:2]
     return ringzero._C.core_round_trip_ns(cpus[0], cpus[1]) if len(cpus) > 1 else None
 
 
@@ -118,21 +118,34 @@ def placement_of(round_trips_ns) -> str:
     return "split" if all(split) else "one" if not any(split) else "mixed"
 
 
-def core_placement() -> str:
+def core_placement(pair=None) -> str:
     """How the first two cpus of this process's affinity set sit: "<ns> ns round trip (one L3)" or
     "(separate L3s)", from core_round_trip_ns; "one cpu" when there is only one. A VM's host may move
     its vCPUs between the two within a minute, and the large-message collectives run up to 2x slower on
     separate last-level caches, so every benchmark of ours records it with its numbers."""
-    ns = core_round_trip_ns()
+    ns = core_round_trip_ns(pair)
     if ns is None:
         return "one cpu"
-    cpus = sorted(os.sched_getaffinity(0))
+    cpus = list(pair) if pair else sorted(os.sched_getaffinity(0))
     return f"{ns:.0f} ns round trip cpus {cpus[0]}-{cpus[1]} ({'separate L3s' if ns > SPLIT_CACHE_NS else 'one L3'})"
 
 
 def _placement_all_ranks() -> str:
-    """core_placement() measured by rank 0 while the others wait in a gloo barrier (asleep, off the cores)."""
-    text = [core_placement() if dist.get_rank() == 0 else ""]
+    """core_placement() between the first cpus of ranks 0 and 1 (each bound to its own by the launcher,
+    launch.core_share), measured by rank 0 while the others wait in a gloo barrier (asleep, off the cores);
+    rank 0 may run on both cpus while it measures."""
+    firsts = [None] * dist.get_world_size()
+    dist.all_gather_object(firsts, min(os.sched_getaffinity(0)))
+    text = [""]
+    if dist.get_rank() == 0:
+        mine = os.sched_getaffinity(0)
+        pair = firsts[:2] if len(firsts) > 1 and firsts[0] != firsts[1] else None
+        if pair:
+            os.sched_setaffinity(0, mine | set(pair))
+        try:
+            text[0] = core_placement(pair)
+        finally:
+            os.sched_setaffinity(0, mine)
     dist.broadcast_object_list(text, src=0)
     return text[0]
 

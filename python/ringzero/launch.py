@@ -93,9 +93,34 @@ def _round_prefix(store, rank: int, world: int) -> str:
     return f"ringzero/round-{this_round}"
 
 
+def core_share(cpus, local_rank: int, local_world: int) -> list[int] | None:
+    """The cpus local rank `local_rank` of `local_world` binds to: the local_rank-th of local_world equal,
+    contiguous shares of `cpus` (sorted; a remainder is left unused, as Open MPI's binding does); None when
+    there are fewer cpus than ranks (then nothing is bound)."""
+    cpus = sorted(cpus)
+    share = len(cpus) // max(1, local_world)
+    if share < 1 or not 0 <= local_rank < local_world:
+        return None
+    return cpus[local_rank * share:(local_rank + 1) * share]
+
+
+def _bind(local_world: int) -> int:
+    """Binds this rank to its core_share (unless RINGZERO_BIND_CORES=0) and returns how many cpus it has
+    for its own compute. [Note: where the host runs the ranks' cores] in csrc/core/shm_comm.cpp."""
+    from .comm.config import from_env
+
+    allowed = os.sched_getaffinity(0)
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    mine = core_share(allowed, local_rank, local_world) if from_env().bind_cores else None
+    if mine is None:
+        return max(1, len(allowed) // max(1, local_world))
+    os.sched_setaffinity(0, mine)
+    return len(mine)
+
+
 def _run(fn, args, local_world: int, device: str = "cpu"):
     # Each rank gets its share of the cores for its own compute (torch intra-op threads).
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local_world)))
+    torch.set_num_threads(_bind(local_world))
     backend = "gloo"
     if device != "cpu":
         from .trainer.device import bind

@@ -91,6 +91,7 @@ class Communicator:
             create=lambda: _C.ShmComm("", 0, self.local_world, self.slot_bytes, self.timeout_s, self.local_ranks),
             open_=lambda name: _C.ShmComm(name, self.local_rank, self.local_world, self.slot_bytes, self.timeout_s,
                                           self.local_ranks))
+        self.shm.set_host_cpus(self.host_group.local_cpus)
 
     # ---- execution ---------------------------------------------------------------------------------
     def cuda_path(self, t: torch.Tensor, op: str):

@@ -38,6 +38,11 @@ class Config:
     """RINGZERO_ALLREDUCE_ALGO: a name of _C.ALL_REDUCE_ALGOS (auto, oneshot, twoshot, ring), lower case."""
     host_id: str = ""
     """RINGZERO_HOST_ID: forced host identity (ranks with equal ids share memory); empty: the real one."""
+    bind_cores: bool = True
+    """RINGZERO_BIND_CORES: ringzero's launcher (ringzero train/bench, launch.launch) binds each local rank to
+    its own equal share of the cpus it may use (launch.core_share), as Open MPI binds by default; 0 leaves
+    placement to the scheduler. Unbound, the guest scheduler of the 2-core VM sometimes put both ranks on
+    one vCPU for a while, and each wait of a small collective then cost ~20 us (2026-11-25)."""
     debug: bool = False
     """RINGZERO_DEBUG: fingerprint every collective on the network paths too (one small all-gather per call)."""
     flight_dir: str = ""
@@ -87,6 +92,7 @@ VARIABLES = {
     "RINGZERO_ALLREDUCE_ALGO": "allreduce_algo",
     "RINGZERO_HOST_ID": "host_id",
     "RINGZERO_DEBUG": "debug",
+    "RINGZERO_BIND_CORES": "bind_cores",
     "RINGZERO_FLIGHT_DIR": "flight_dir",
     "RINGZERO_CUDA_BUFFER_BYTES": "cuda_buffer_bytes",
     "RINGZERO_CUDA_RING_CHANNELS": "cuda_ring_channels",
@@ -135,7 +141,7 @@ def _text(name: str, raw: str) -> str:
     return raw
 
 
-_PARSERS = {"timeout_s": _positive, "allreduce_algo": _algo, "host_id": _text, "debug": _flag,
+_PARSERS = {"timeout_s": _positive, "allreduce_algo": _algo, "host_id": _text, "debug": _flag, "bind_cores": _flag,
             "flight_dir": _text, "cuda_blocking_wait": _flag}
 
 

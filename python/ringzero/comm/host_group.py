@@ -94,8 +94,14 @@ class HostGroup:
         self.config = config
         self.rank, self.world, self.timeout_s = rank, world, timeout_s
         self.rendezvous = StoreRendezvous(store, rank, timeout_s, label)
-        infos = self.rendezvous.exchange("host", f"{host_id(config.host_id)}|{os.getpid()}", list(range(world)))
-        self.topology = Topology.from_host_ids(rank, [v.decode().rsplit("|", 1)[0] for v in infos])
+        cpus = ",".join(map(str, sorted(os.sched_getaffinity(0))))
+        infos = [v.decode().rsplit("|", 2) for v in
+                 self.rendezvous.exchange("host", f"{host_id(config.host_id)}|{os.getpid()}|{cpus}", list(range(world)))]
+        self.topology = Topology.from_host_ids(rank, [host for host, _, _ in infos])
+        # The cpus this host's ranks may run on, together: whether each can have a core of its own
+        # (ShmComm.set_host_cpus) does not show in one rank's affinity once a launcher has bound them.
+        self.local_cpus = len(set().union(*({int(c) for c in infos[r][2].split(",") if c}
+                                            for r in self.topology.local_ranks)))
 
     def share_segment(self, key: str, create, open_):
         """A shared-memory object of this host's ranks (topology.local_ranks): the first of them calls
