@@ -120,3 +120,38 @@ def _direct_refusals(rank, world):
 @pytest.mark.parametrize("world", [2, 3])
 def test_direct_entry_refuses_without_synchronising(world):
     assert run_ranks(world, _direct_refusals, timeout_s=300) == [True] * world
+
+
+def _large_all_gather(rank, world):
+    """Two-rank all-gathers of 16 MiB and more per rank run a cache-placement probe after their first slice
+    and may stage the rest with streaming stores (csrc/core/shm_comm.cpp, [Note: where the host runs the
+    ranks' cores]): whichever way the probe decides, the result must equal the known integers, in place
+    (input = this rank's block of the output) or not, blocking or async; each such call runs exactly one
+    probe on every rank, smaller ones none."""
+    comm = get_communicator(dist.group.WORLD)
+    per = (16 << 20) // 4 + 4099  # past the threshold, not a multiple of the 256 KiB slot
+    want = torch.cat([torch.arange(per, dtype=torch.int32) * 3 + q for q in range(world)])
+    shm = comm.shm
+    probes = shm.probes
+    out = torch.empty(world * per, dtype=torch.int32)
+    ringzero.all_gather_single(out, torch.arange(per, dtype=torch.int32) * 3 + rank)
+    assert torch.equal(out, want)
+    assert shm.probes == probes + 1 and shm.probe_ns > 0
+    out2 = torch.zeros(world * per, dtype=torch.int32)
+    out2[rank * per:(rank + 1) * per] = torch.arange(per, dtype=torch.int32) * 3 + rank
+    ringzero.all_gather_single(out2, out2[rank * per:(rank + 1) * per])  # in place
+    assert torch.equal(out2, want)
+    out3 = torch.empty(world * per, dtype=torch.int32)
+    ringzero.all_gather_single(out3, torch.arange(per, dtype=torch.int32) * 3 + rank, async_op=True).wait()
+    assert torch.equal(out3, want)
+    small = torch.empty(world * 1000, dtype=torch.int32)
+    ringzero.all_gather_single(small, torch.full((1000,), rank, dtype=torch.int32))
+    assert small.tolist() == [q for q in range(world) for _ in range(1000)]
+    assert shm.probes == probes + 3  # the 4 KB call ran none
+    return shm.probe_ns
+
+
+def test_large_two_rank_all_gather_probes_and_stays_exact():
+    ns = run_ranks(2, _large_all_gather, timeout_s=300)
+    print(f"probe round trips (ns) per rank: {ns}")
+    assert all(x > 0 for x in ns)

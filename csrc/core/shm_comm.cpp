@@ -85,11 +85,21 @@ constexpr size_t kPageBytes = 4096;
 // measurements are in comm/config.py's shm_buffer_bytes). Small collectives pay the placement in
 // serialised cross-core misses, so the control block keeps what a waiter needs on one line (Control).
 // ringzero bench and benchmarks/mpi_anchor.py record the placement with every run.
+// On two L3s a rank reads a line its peer just wrote at ~12 GB/s (each miss waits ~400 ns, and a core
+// keeps only so many in flight), slower than from memory. So a two-rank all-gather of 16 MiB and more
+// per rank probes the placement after its first slice (peer_on_other_cache: a ping-pong on line 3 of
+// the two control blocks) and, on two L3s, stages the rest with streaming stores, which the peer then
+// reads from memory: 64 MiB all-gather 4.1-4.6 ms against 4.5-5.0 without (8, 3 and 5 jobs per side in
+// three A/B runs), the same on one L3 (4.93 against 4.91 ms, 10 jobs each), where the probe says so
+// (benchmarks/results/ab-2026-11-25-gather-streaming-*.txt). Streaming the copy-in of the two-shot
+// all-reduce was slower on both (its reduction then reads its own chunk back from memory), and
+// streaming only the peer's chunk gained nothing on two L3s (16/64 MiB 1.26/6.49 ms against 1.16/6.36).
 // Inside the guest, the scheduler sometimes ran both ranks on one vCPU for a while (rows of 4 KiB
 // collectives at 10-25 us instead of ~1, in about one job of ten); ringzero's launcher now binds each
 // local rank to its own share of the cpus (launch.core_share, RINGZERO_BIND_CORES), as Open MPI does by
 // default, and the spin decision counts the cpus of all the host's ranks (set_host_cpus), not one
 // rank's own.
+constexpr size_t kStreamGatherBytes = 16 << 20;  // per rank; see [Note: where the host runs the ranks' cores]
 constexpr double kSpinS = 0.05;
 constexpr double kYieldToPeerS = 20e-6;  // spin this long before handing the core to a peer on it
 constexpr int kClockEvery = 64;  // spin iterations between clock reads
@@ -121,6 +131,32 @@ bool process_gone(int pid) {
   buf[n] = 0;
   const char* close_paren = std::strrchr(buf, ')');  // the command name may contain spaces
   return close_paren && close_paren[1] == ' ' && (close_paren[2] == 'Z' || close_paren[2] == 'X');
+}
+
+// Copies with non-temporal stores where the CPU has them (x86-64: SSE2), then fences them: the lines
+// go to memory, not into this core's cache ([Note: where the host runs the ranks' cores]).
+void copy_streaming(void* dst, const void* src, size_t bytes) {
+#if defined(__x86_64__)
+  char* d = static_cast<char*>(dst);
+  const char* s = static_cast<const char*>(src);
+  size_t i = 0;
+  if ((reinterpret_cast<uintptr_t>(d) & 15) == 0) {
+    for (; i + 64 <= bytes; i += 64) {
+      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
+      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 16));
+      const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 32));
+      const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 48));
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), a);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 16), b);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 32), c);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 48), e);
+    }
+  }
+  std::memcpy(d + i, s + i, bytes - i);
+  _mm_sfence();  // non-temporal stores are weakly ordered: visible before the signal that follows
+#else
+  std::memcpy(dst, src, bytes);
+#endif
 }
 
 std::string join(const std::vector<int>& v) {
@@ -158,8 +194,10 @@ struct alignas(128) ShmComm::Control {
   std::atomic<int32_t> last_kind;     // and its kind (a CollectiveKind); both read only for messages
   std::atomic<uint32_t> sleepers;     // peers asleep (or about to be) on either word: they write this
   alignas(128) Fingerprint fp[2];     // by slice parity, like the slots; read when the hashes differ
+  alignas(64) std::atomic<uint64_t> probe;  // line 3: peer_on_other_cache's ping-pong counter
 };
 static_assert(offsetof(ShmComm::Control, last_seq) == 64, "the hot fields must fill exactly line 0");
+static_assert(offsetof(ShmComm::Control, probe) == 192, "the probe counter has line 3 to itself");
 static_assert(sizeof(ShmComm::Control) == 256, "control blocks are 256 bytes");
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "cross-process flags need lock-free atomics");
 
@@ -348,6 +386,54 @@ void ShmComm::wait_for(const std::vector<int>& ranks, uint64_t phase) {
         }
         if (t > op_deadline_) fail_wait(ranks, phase, kTimedOut);
       });
+}
+
+// Ping-pong on the two ranks' probe lines: the lower rank writes, the higher answers, kProbeTrips
+// times; a round trip above kSplitCacheNs (tens of ns on one L3, hundreds across two on the 2-core VM)
+// means the peer's cache is another one. Both ranks must call it at the same point of the same
+// collective (a decision made from the op's arguments alone); it waits like any other wait.
+bool ShmComm::peer_on_other_cache(int peer) {
+  constexpr int kProbeTrips = 8;
+  constexpr double kSplitCacheNs = 220;    // fastest trip: 60-150 ns on one L3, 300-500 on two (2-core VM)
+  constexpr double kSharedCoreNs = 5000;   // slower still: both ranks on one core (or preempted), no verdict
+  const uint64_t base = probes_++ * kProbeTrips;
+  Control* mine = control(rank_);
+  Control* theirs = control(peer);
+  const Header* h = static_cast<const Header*>(seg_.data());
+  auto await = [&](uint64_t value) {
+    wait_until([&] { return theirs->probe.load(std::memory_order_acquire) >= value; },
+               [&] { return std::pair<int, std::atomic<uint32_t>*>(peer, &theirs->arrive_word); },
+               [&](double t) {
+                 check_abort();
+                 const bool gone = process_gone(h->pids[peer].load());
+                 if (gone || t > op_deadline_) fail_wait({peer}, 0, gone ? "a peer exited" : kTimedOut);
+               });
+  };
+  // Spin even where this caller sleeps at once (set_spin(false)): the peer is at the same point, so a
+  // round trip is short; asleep, each would last a futex timeout.
+  const bool spin = spin_;
+  spin_ = true;
+  struct Restore {
+    bool& flag;
+    bool value;
+    ~Restore() { flag = value; }
+  } restore{spin_, spin};
+  // The fastest trip: the first also absorbs how far apart the two ranks reached the probe.
+  double fastest = 1e30, last = now_s();
+  for (int i = 1; i <= kProbeTrips; ++i) {
+    if (rank_ < peer) {
+      mine->probe.store(base + i, std::memory_order_release);
+      await(base + i);
+    } else {
+      await(base + i);
+      mine->probe.store(base + i, std::memory_order_release);
+    }
+    const double t = now_s();
+    fastest = std::min(fastest, t - last);
+    last = t;
+  }
+  probe_ns_ = fastest * 1e9;
+  return probe_ns_ > kSplitCacheNs && probe_ns_ < kSharedCoreNs;
 }
 
 void ShmComm::fail_wait(const std::vector<int>& ranks, uint64_t phase, const char* why) {
@@ -627,17 +713,26 @@ void ShmComm::all_gather(const void* in, void* out, size_t count, DType dtype) {
     if (in != out) std::memcpy(out, in, count * es);
     return;
   }
+  // Two ranks on two last-level caches, a block past kStreamGatherBytes: staged with streaming stores
+  // ([Note: where the host runs the ranks' cores]). Decided after the first slice, from a probe.
+  const bool may_stream = nranks_ == 2 && count * es >= kStreamGatherBytes;  // the same on every rank
+  bool stream = false;
   for (size_t s = 0, n = num_slices(count, slot_elems); s < n; ++s) {
     const Range sl = slice_range(count, slot_elems, s);
     const uint64_t k = begin_slice();
-    std::memcpy(slot(rank_, k), static_cast<const char*>(in) + sl.offset * es, sl.count * es);
+    const char* src = static_cast<const char*>(in) + sl.offset * es;
+    if (stream) copy_streaming(slot(rank_, k), src, sl.count * es);
+    else std::memcpy(slot(rank_, k), src, sl.count * es);
     if (s == 0) publish_fingerprint(k);
     signal();
-    // The own block needs no peer: copied while they stage theirs. (Before the first slice's check: a
-    // mismatch raises with `out` holding this rank's block, and `in` untouched.)
-    std::memcpy(static_cast<char*>(out) + (rank_ * count + sl.offset) * es, slot(rank_, k), sl.count * es);
+    // The own block needs no peer: copied while they stage theirs (from the slot, in this core's cache,
+    // unless streamed past it; memmove: `in` may be this rank's block of `out`). Before the first
+    // slice's check: a mismatch raises with `out` holding this rank's block, and `in` untouched.
+    std::memmove(static_cast<char*>(out) + (rank_ * count + sl.offset) * es, stream ? src : slot(rank_, k),
+                 sl.count * es);
     wait_all(phase_);
     if (s == 0) check_fingerprints(k);
+    if (s == 0 && may_stream) stream = peer_on_other_cache(1 - rank_);
     for (int q = 0; q < nranks_; ++q)
       if (q != rank_) std::memcpy(static_cast<char*>(out) + (q * count + sl.offset) * es, slot(q, k), sl.count * es);
     end_slice(k);

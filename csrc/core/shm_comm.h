@@ -50,6 +50,8 @@ class ShmComm {
   int nranks() const { return nranks_; }
   size_t slot_bytes() const { return slot_bytes_; }
   uint64_t seq() const { return seq_; }
+  uint64_t probes() const { return probes_; }
+  double probe_ns() const { return probe_ns_; }
   void set_timeout(double timeout_s) { timeout_s_ = timeout_s; }
   // Whether waits may spin before they sleep: on by default when every rank has a core (never
   // otherwise); a caller whose rank computes on other threads while it waits (an async call's worker,
@@ -115,6 +117,9 @@ class ShmComm {
   void wait_for(const std::vector<int>& ranks, uint64_t phase);
   void wait_all(uint64_t phase);
   void wait_one(int r, uint64_t phase);
+  // Whether `peer` runs on another last-level cache than this rank: a few cache-line round trips on
+  // the probe lines, which both ranks must run at the same point. See [Note: where the host runs ...].
+  bool peer_on_other_cache(int peer);
   template <typename Ready, typename Blocker, typename Check>
   void wait_until(Ready ready, Blocker blocker, Check check);
   void start_op(CollectiveKind kind, DType dtype, ReduceOp op, int root, uint64_t count);
@@ -162,6 +167,8 @@ class ShmComm {
   OpRecord history_[kHistory] = {};
   bool spin_allowed_ = true;  // false when more ranks than cores
   bool spin_ = true;          // waits spin before they sleep (see set_spin)
+  uint64_t probes_ = 0;       // peer_on_other_cache calls so far (the same on every rank)
+  double probe_ns_ = 0;       // and the fastest round trip of the last one
 };
 
 }  // namespace ringzero

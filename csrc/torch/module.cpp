@@ -110,6 +110,9 @@ PYBIND11_MODULE(_C, m) {
            py::arg("group_ranks"))
       .def_property_readonly("name", &ShmComm::name)
       .def_property_readonly("seq", &ShmComm::seq)
+      .def_property_readonly("probes", &ShmComm::probes,
+                             "Cache-placement probes run so far (large two-rank all-gathers; shm_comm.cpp)")
+      .def_property_readonly("probe_ns", &ShmComm::probe_ns, "The fastest round trip of the last probe, ns")
       .def_property_readonly("rank", &ShmComm::rank)
       .def_property_readonly("nranks", &ShmComm::nranks)
       .def_property_readonly("slot_bytes", &ShmComm::slot_bytes)
