@@ -94,6 +94,12 @@ constexpr size_t kPageBytes = 4096;
 // (benchmarks/results/ab-2026-11-25-gather-streaming-*.txt). Streaming the copy-in of the two-shot
 // all-reduce was slower on both (its reduction then reads its own chunk back from memory), and
 // streaming only the peer's chunk gained nothing on two L3s (16/64 MiB 1.26/6.49 ms against 1.16/6.36).
+// The output of such an all-gather (32 MiB and more) outgrows the L3 anyway: written with streaming
+// stores it skips the read of each line a plain store makes, 64 MiB in 5.05 against 5.37 ms on one L3
+// (7 jobs each; ab-2026-11-25-gather-streaming-output-one-l3.txt); on two L3s it was the same within
+// noise (3.83-3.97 against 4.01 ms, 2 jobs each). At 16 MiB (the output fits the L3) it was slower.
+// Prefetching the next slice's input during the two-shot all-reduce's reduction (to L2, or
+// non-temporal) made 16/64 MiB 15-25% slower on one L3.
 // Inside the guest, the scheduler sometimes ran both ranks on one vCPU for a while (rows of 4 KiB
 // collectives at 10-25 us instead of ~1, in about one job of ten); ringzero's launcher now binds each
 // local rank to its own share of the cpus (launch.core_share, RINGZERO_BIND_CORES), as Open MPI does by
@@ -158,6 +164,8 @@ void copy_streaming(void* dst, const void* src, size_t bytes) {
   std::memcpy(dst, src, bytes);
 #endif
 }
+
+void copy_cached(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
 
 std::string join(const std::vector<int>& v) {
   std::ostringstream s;
@@ -713,28 +721,30 @@ void ShmComm::all_gather(const void* in, void* out, size_t count, DType dtype) {
     if (in != out) std::memcpy(out, in, count * es);
     return;
   }
-  // Two ranks on two last-level caches, a block past kStreamGatherBytes: staged with streaming stores
-  // ([Note: where the host runs the ranks' cores]). Decided after the first slice, from a probe.
-  const bool may_stream = nranks_ == 2 && count * es >= kStreamGatherBytes;  // the same on every rank
+  // Two ranks, a block past kStreamGatherBytes ([Note: where the host runs the ranks' cores]): the output
+  // (larger than a last-level cache) is written with streaming stores; on two last-level caches, the
+  // slot too (decided after the first slice, from a probe). All from the op's arguments but the probe,
+  // which both ranks run: the same on every rank.
+  const bool big = nranks_ == 2 && count * es >= kStreamGatherBytes;
+  auto copy_out = big ? copy_streaming : copy_cached;
   bool stream = false;
   for (size_t s = 0, n = num_slices(count, slot_elems); s < n; ++s) {
     const Range sl = slice_range(count, slot_elems, s);
     const uint64_t k = begin_slice();
     const char* src = static_cast<const char*>(in) + sl.offset * es;
-    if (stream) copy_streaming(slot(rank_, k), src, sl.count * es);
-    else std::memcpy(slot(rank_, k), src, sl.count * es);
+    (stream ? copy_streaming : copy_cached)(slot(rank_, k), src, sl.count * es);
     if (s == 0) publish_fingerprint(k);
     signal();
     // The own block needs no peer: copied while they stage theirs (from the slot, in this core's cache,
-    // unless streamed past it; memmove: `in` may be this rank's block of `out`). Before the first
+    // unless streamed past it), unless `in` is this rank's block of `out` already. Before the first
     // slice's check: a mismatch raises with `out` holding this rank's block, and `in` untouched.
-    std::memmove(static_cast<char*>(out) + (rank_ * count + sl.offset) * es, stream ? src : slot(rank_, k),
-                 sl.count * es);
+    char* own = static_cast<char*>(out) + (rank_ * count + sl.offset) * es;
+    if (own != src) copy_out(own, stream ? src : slot(rank_, k), sl.count * es);
     wait_all(phase_);
     if (s == 0) check_fingerprints(k);
-    if (s == 0 && may_stream) stream = peer_on_other_cache(1 - rank_);
+    if (s == 0 && big) stream = peer_on_other_cache(1 - rank_);
     for (int q = 0; q < nranks_; ++q)
-      if (q != rank_) std::memcpy(static_cast<char*>(out) + (q * count + sl.offset) * es, slot(q, k), sl.count * es);
+      if (q != rank_) copy_out(static_cast<char*>(out) + (q * count + sl.offset) * es, slot(q, k), sl.count * es);
     end_slice(k);
   }
 }
