@@ -614,6 +614,11 @@ void ShmComm::all_reduce_one_shot(const void* in, void* out, size_t count, DType
 // out (7.4-7.9 ms), and a pipelined order I(k+1) R(k) C(k) D(k-1) over three buffers that lets the ranks
 // drift apart by half a slice (5.0-5.3 against 4.5-5.0 ms), also with the ranks taking turns at the copy
 // in (slower still: a lone copy in was no faster). One-shot is slower here too (5.3 against 4.5 ms).
+// Measured with the variants interleaved inside each job (this VM's memory speed drifts by up to 1.6x
+// within minutes, which separate jobs confuse with the change): a reduction writing slot and output in
+// one pass, equal; slices of 128-512 KiB, equal, 64 KiB and 1 MiB 10-17% slower; sending the cross-cache
+// reads through memory (streaming stores for the peer's chunk and for the reduced chunk), slower on one
+// L3 and on two (8.8-9.7 against 7.1-7.7 ms there).
 void ShmComm::all_reduce_two_shot(const void* in, void* out, size_t count, DType dtype, ReduceOp op) {
   const size_t es = dtype_size(dtype);
   const size_t slot_elems = slot_bytes_ / es;
