@@ -604,7 +604,7 @@ void ShmComm::all_reduce_one_shot(const void* in, void* out, size_t count, DType
 // from `in` (as reduce_scatter does) was measured and dropped: the reduction then writes slot lines a
 // peer read last (not ones this rank just wrote), and 1/16/64 MiB took 1.5-2x longer (2-core VM,
 // 2026-11-25).
-// Past the L3 (64 MiB at 2 ranks) it runs at 77-81% of the memory floor, and the rest is not in waits:
+// Past the L3 (64 MiB at 2 ranks) it runs at 70-86% (median 81%) of the memory floor, and the rest is not in waits:
 // per 256 KiB slice (rdtsc, one L3) the copy in takes 68% (from memory), the reduction 13%, the two
 // copies out 17%, waits 2%. The two vCPUs share one memory bandwidth (an in-place pass over 64 MiB
 // alone 60-72 GB/s, both at once 33-41 GB/s each), so while both ranks work in their caches it is
@@ -613,7 +613,7 @@ void ShmComm::all_reduce_one_shot(const void* in, void* out, size_t count, DType
 // the copies out (the memory time moved there, 5.5 against 5.1-5.3 ms), streaming stores for the copies
 // out (7.4-7.9 ms), and a pipelined order I(k+1) R(k) C(k) D(k-1) over three buffers that lets the ranks
 // drift apart by half a slice (5.0-5.3 against 4.5-5.0 ms), also with the ranks taking turns at the copy
-// in (slower still: a lone copy in was no faster). One-shot is slower here too (5.3 against 4.5 ms).
+// in (slower still: a lone copy in was only ~20% faster per byte). One-shot is slower here too (5.3 against 4.5 ms).
 // Measured with the variants interleaved inside each job (this VM's memory speed drifts by up to 1.6x
 // within minutes, which separate jobs confuse with the change): a reduction writing slot and output in
 // one pass, equal; slices of 128-512 KiB, equal, 64 KiB and 1 MiB 10-17% slower; sending the cross-cache
