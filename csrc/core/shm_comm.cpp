@@ -621,6 +621,10 @@ void ShmComm::all_reduce_one_shot(const void* in, void* out, size_t count, DType
 // L3 and on two (8.8-9.7 against 7.1-7.7 ms there). What is left is the exchange itself: each rank must
 // receive N bytes from its peer, and a 256 KiB buffer copied out of the other core's cache takes 10.8
 // kcycles (63 GB/s, one L3) against the slice's 34.7 of copy in, which its memory reads do not overlap.
+// benchmarks/two_shot_model.c measures this without torch (two pinned threads, same schedule, floor on
+// the same buffers, interleaved): one L3, the model's two-shot at 73-78% of the floor and a core's memory
+// stream and exchange in one loop only 7-17% faster than one after the other; two L3s, the exchange alone
+// takes longer than the floor's whole pass (benchmarks/RESULTS.md, 2026-11-26, second session).
 void ShmComm::all_reduce_two_shot(const void* in, void* out, size_t count, DType dtype, ReduceOp op) {
   const size_t es = dtype_size(dtype);
   const size_t slot_elems = slot_bytes_ / es;
