@@ -616,7 +616,8 @@ void ShmComm::all_reduce_one_shot(const void* in, void* out, size_t count, DType
 // in (slower still: a lone copy in was only ~20% faster per byte). One-shot is slower here too (5.3 against 4.5 ms).
 // Measured with the variants interleaved inside each job (this VM's memory speed drifts by up to 1.6x
 // within minutes, which separate jobs confuse with the change): a reduction writing slot and output in
-// one pass, equal; slices of 128-512 KiB, equal, 64 KiB and 1 MiB 10-17% slower; sending the cross-cache
+// one pass, equal (again on 2026-11-26 with its own AVX-512 loop: 1.4-1.8% faster, not worth a second
+// kernel per type, op and instruction set); slices of 128-512 KiB, equal, 64 KiB and 1 MiB 10-17% slower; sending the cross-cache
 // reads through memory (streaming stores for the peer's chunk and for the reduced chunk), slower on one
 // L3 and on two (8.8-9.7 against 7.1-7.7 ms there). What is left is the exchange itself: each rank must
 // receive N bytes from its peer, and a 256 KiB buffer copied out of the other core's cache takes 10.8
