@@ -136,6 +136,57 @@ def test_killed_rank_raises_on_the_others(hosts):
     assert all(r is not None and r < 60 for i, r in enumerate(results) if i != 1), results
 
 
+CROSS_STALL_TIMEOUTS = {
+    # rank -> its timeout (s). Rank 1 (host a) stalls in its cross-host step, the ring with rank 3 (host
+    # b), for 8 s, then raises. Ranks 0 and 2 then wait for their local peer (1, 3) in the all-gather.
+    "local clock first": [2, 60, 2, 6],  # 0 and 2 time out first, while their peer still waits
+    "cross step fails first": [60, 60, 60, 2],  # rank 3's ring times out, rank 1's stall ends in an error
+}
+
+
+def cross_host_stall_body(rank, world, case):
+    x = torch.ones(1000)
+    ringzero.all_reduce(x)  # the communicator, with the default timeout; then each rank's own below
+    assert torch.equal(x, torch.full_like(x, world))
+    comm = ringzero.get_communicator(dist.group.WORLD)
+    assert comm.hierarchical and comm.local_world == 2
+    timeout = CROSS_STALL_TIMEOUTS[case][rank]
+    comm.shm.set_timeout(timeout)
+    comm.cross_ring.timeout_s = timeout
+    if rank == 1:
+        def stall(*args):
+            time.sleep(8)
+            raise RuntimeError("rank 1 stalled in its cross-host step (the test's doing)")
+        comm.cross_ring.all_reduce = stall
+    start = time.monotonic()
+    with pytest.raises((ringzero.CommTimeout, RuntimeError)) as info:
+        ringzero.all_reduce(x)
+    return type(info.value).__name__, str(info.value), time.monotonic() - start
+
+
+@pytest.mark.parametrize("case", list(CROSS_STALL_TIMEOUTS))
+def test_cross_host_stall_is_named_by_the_local_peers(case):
+    """Hierarchical all-reduce, 2 hosts x 2 ranks: a local rank that waits for a peer stuck in its
+    cross-host step must name the far side (the peer's network neighbour), whichever clock runs out
+    first: its own (the segment says where the peer is) or the peer's (whose failure aborts its wait)."""
+    res = run_ranks(4, cross_host_stall_body, case, env={"RINGZERO_HOST_IDS": "a,a,b,b"}, timeout_s=120)
+    for rank, (kind, msg, took) in enumerate(res):
+        print(f"{case}: rank {rank}: {kind} after {took:.1f} s: {msg[:300]}")
+    (k0, m0, t0), (k1, m1, t1), (k2, m2, t2), (k3, m3, t3) = res
+    assert k1 == "RuntimeError" and "stalled" in m1, m1
+    assert k3 == "CommTimeout" and "transfer with rank 1" in m3, m3
+    assert k0 == "CommTimeout" and k2 == "CommTimeout", (m0, m2)
+    if case == "local clock first":
+        assert "group rank 1 is alive and in its cross-host step, waiting on the network with group rank 3" in m0, m0
+        assert "group rank 3 is alive and in its cross-host step, waiting on the network with group rank 1" in m2, m2
+        assert t0 < 6 and t2 < 6, (t0, t2)
+    else:
+        # Each at its peer's failure, long before its own 60 s: rank 3's ring at 2 s, rank 1's stall at 8 s.
+        assert "aborted by group rank 3" in m2 and "transfer with rank 1" in m2, m2
+        assert "aborted by group rank 1" in m0 and "stalled in its cross-host step" in m0, m0
+        assert t2 < 6 and t0 < 20, (t0, t2)
+
+
 def mismatch_body(rank, world):
     t = torch.ones(16)
     with pytest.raises(ringzero.CollectiveMismatch) as info:

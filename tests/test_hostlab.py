@@ -12,6 +12,7 @@ Needs root and iproute2: where they are missing these tests FAIL naming what is 
 import glob
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -113,9 +114,11 @@ def test_hosts_with_one_hostname_are_told_apart_by_their_shm(tmp_path):
 
 def test_cut_link_raises_comm_timeout_naming_the_far_side(tmp_path):
     """Host 1's bridge port goes down during all-reduces of 2 hosts x 2 ranks: every rank raises
-    CommTimeout within RINGZERO_TIMEOUT_S + FAULT_MARGIN_S of the cut, naming a rank of the other host (its
-    peer in the cross-host ring) or, when it was in a shared-memory step, the local peer that gave up
-    first as exited; nothing is left in either host's /dev/shm."""
+    CommTimeout within RINGZERO_TIMEOUT_S + FAULT_MARGIN_S of the cut, naming a rank of the other host: its
+    peer in the cross-host ring or, when it waited for its local peer in a shared-memory step, that peer's
+    (from the segment while the peer waits, quoted from the peer's failure after), or else the local peer
+    that gave up first as exited; nothing is left in either host's /dev/shm. (Before the segment said where
+    a peer waits, a rank whose clock ran out first named only its local peer: seen once in CI, 2026-11-26.)"""
     out = str(tmp_path)
     with hostlab.HostLab(2) as lab:
         procs = lab.start([2, 2], [*RANKS, "fault", "--out", out], {"RINGZERO_TIMEOUT_S": str(FAULT_TIMEOUT_S)})
@@ -139,7 +142,7 @@ def test_cut_link_raises_comm_timeout_naming_the_far_side(tmp_path):
         assert delay_s <= FAULT_TIMEOUT_S + FAULT_MARGIN_S, f"rank {r['rank']}: error {delay_s:.1f} s after the cut"
         far = [q for q in host_of if host_of[q] != host_of[r["rank"]]]
         near = [q for q in host_of if host_of[q] == host_of[r["rank"]] and q != r["rank"]]
-        assert (any(f"with rank {q}" in r["message"] for q in far)
+        assert (any(re.search(rf"with (group )?rank {q}\b", r["message"]) for q in far)
                 or any(f"ranks [{q}] have exited" in r["message"] for q in near)), r["message"]
         print(f"rank {r['rank']}: CommTimeout {delay_s:.2f} s after the cut")
     assert all(names == [] for names in shm), shm

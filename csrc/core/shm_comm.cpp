@@ -201,6 +201,7 @@ struct alignas(128) ShmComm::Control {
   alignas(64) std::atomic<uint64_t> last_seq;  // line 1: sequence number of the last collective completed
   std::atomic<int32_t> last_kind;     // and its kind (a CollectiveKind); both read only for messages
   std::atomic<uint32_t> sleepers;     // peers asleep (or about to be) on either word: they write this
+  std::atomic<int32_t> away[2];       // 1 + the group ranks this rank waits on over the network (set_away), 0: none
   alignas(128) Fingerprint fp[2];     // by slice parity, like the slots; read when the hashes differ
   alignas(64) std::atomic<uint64_t> probe;  // line 3: peer_on_other_cache's ping-pong counter
 };
@@ -460,11 +461,37 @@ void ShmComm::fail_wait(const std::vector<int>& ranks, uint64_t phase, const cha
   if (std::strcmp(why, kTimedOut) == 0) s << " waiting " << std::llround(timeout_s_ * 1000) << "ms (the op's timeout)";
   s << "; still waiting for group ranks " << join(missing);
   if (!exited.empty()) s << "; ranks " << join(exited) << " have exited";
+  // A missing rank that is alive may itself be waiting on the network (the cross-host step of the
+  // hierarchical all-reduce): the fault is there, and this rank's timer can run out before its does.
+  for (int q : ranks) {
+    const int g = group_ranks_[q];
+    if (std::find(missing.begin(), missing.end(), g) == missing.end() ||
+        std::find(exited.begin(), exited.end(), g) != exited.end())
+      continue;
+    std::vector<int> far;
+    for (const auto& a : control(q)->away)
+      if (const int v = a.load(std::memory_order_relaxed); v > 0 && std::find(far.begin(), far.end(), v - 1) == far.end())
+        far.push_back(v - 1);
+    if (far.empty()) continue;
+    s << "; group rank " << g << " is alive and in its cross-host step, waiting on the network with group rank"
+      << (far.size() > 1 ? "s " : " ");
+    for (size_t i = 0; i < far.size(); ++i) s << (i ? " and " : "") << far[i];
+    s << " (look there first: that rank, its host, the link)";
+  }
   s << ". " << last_completed_table()
     << ". Every rank must call the same collectives in the same order; raise RINGZERO_TIMEOUT_S if "
        "a rank is legitimately slow.";
   abort_all(s.str());
   throw CommTimeoutError(s.str());
+}
+
+void ShmComm::set_away(const std::vector<int>& peers) {
+  if (peers.size() > 2) throw InvalidArgument("set_away takes at most 2 peers (a ring's two neighbours)");
+  for (size_t i = 0; i < 2; ++i) {
+    const int v = i < peers.size() ? peers[i] : -1;
+    if (v < -1) throw InvalidArgument("set_away: peers are group ranks (>= 0), got " + std::to_string(v));
+    control(rank_)->away[i].store(v + 1, std::memory_order_relaxed);
+  }
 }
 
 void ShmComm::abort_all(const std::string& reason) {

@@ -80,6 +80,14 @@ class ShmComm {
   void reduce(const void* in, void* out, size_t count, DType dtype, ReduceOp op, int root);
   void barrier();
 
+  // Steps outside the segment. set_away(peers): this rank now waits on `peers` (group ranks, at most
+  // two: a ring's neighbours) over the network, as in the hierarchical all-reduce's cross-host step;
+  // set_away({}) when it is back. A local peer that times out waiting for this rank names them. abort(reason):
+  // such a step failed; every local rank's wait (now or later) raises CommTimeout quoting `reason`, the
+  // same as after a timeout here. Both only publish; neither waits.
+  void set_away(const std::vector<int>& peers);
+  void abort(const std::string& reason) { abort_all(reason); }
+
   // The algorithm Auto picks for this message size (exposed for tests and the benchmark).
   AllReduceAlgo choose_all_reduce(size_t bytes) const;
 

@@ -123,6 +123,11 @@ PYBIND11_MODULE(_C, m) {
       .def("set_host_cpus", &ShmComm::set_host_cpus, py::arg("cpus"),
            "Distinct cpus the host's ranks may run on together; waits spin only if every rank can have one")
       .def_property_readonly("spin", static_cast<bool (ShmComm::*)() const>(&ShmComm::spin))
+      .def("set_away", &ShmComm::set_away, py::arg("peers"),
+           "This rank now waits on `peers` (group ranks, <= 2) over the network; [] when back. Peers that time "
+           "out waiting for it name them")
+      .def("abort", &ShmComm::abort, py::arg("reason"),
+           "A step outside shared memory failed: every local rank's wait raises CommTimeout quoting `reason`")
       .def("history",
            [](const ShmComm& c) {
              // [seq, op, dtype name, numel, start perf_counter, seconds or None, status]: comm/flight.py's entries

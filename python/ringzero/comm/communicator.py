@@ -80,8 +80,10 @@ class Communicator:
             self.flat_ring = P2PRing(group, self.global_ranks, self.rank, self.timeout_s, self.ring_slice_bytes)
             if self.hierarchical:
                 members = [self.global_ranks[r] for r in topo.cross_ring]
-                self.cross_ring = P2PRing(group, members, topo.cross_ring.index(self.rank), self.timeout_s,
-                                          self.ring_slice_bytes)
+                pos, ring = topo.cross_ring.index(self.rank), topo.cross_ring
+                self.cross_ring = P2PRing(group, members, pos, self.timeout_s, self.ring_slice_bytes)
+                # Its neighbours as group ranks (receives from, sends to), published while it waits on them.
+                self._cross_peers = sorted({ring[(pos - 1) % len(ring)], ring[(pos + 1) % len(ring)]})
 
     def _setup_shm(self):
         """This host's shared-memory segment, made by its first rank and opened by the others through
@@ -250,9 +252,20 @@ class Communicator:
             ring.all_reduce(x, base, divisor)
             return
 
+        shm = self.shm
+
         def cross(part):  # AVG: the ring divides at its last step ([Note: AVG in the hierarchical all-reduce])
+            # The local ranks wait for this one in the all-gather that follows, each on its own clock: the
+            # segment says where this rank is (a peer whose clock runs out first names the far side), and
+            # a failure here aborts their waits at once, quoting it.
             self.cross_ring.begin(self._label("all_reduce"))
-            self.cross_ring.all_reduce(part, base, divisor)
+            shm.set_away(self._cross_peers)
+            try:
+                self.cross_ring.all_reduce(part, base, divisor)
+            except BaseException as e:
+                shm.abort(f"its cross-host step failed: {e}")
+                raise
+            shm.set_away([])
 
         all_reduce_hierarchical(x, self.local_world,
                                 lambda staged, part: self.shm.reduce_scatter(staged, part, int(base)),
