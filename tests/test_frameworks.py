@@ -27,11 +27,26 @@ def require(module, install):
         pytest.fail(f"{module} is missing: tools/setup.sh installs it (pip install {install})")
 
 
+TORCH_GLOO_EXIT_ABORT = "terminate called without an active exception"
+"""What a rank prints when torch's gloo worker thread drops the last reference to a finished Work while
+the interpreter is finalizing: the Work's thread-local state releases a Python object, taking the GIL
+ends the thread, and the unwind through a noexcept destructor aborts (core dump of a rank of the gloo
+run on torch 2.15, 2026-11-26: ProcessGroupGloo::runLoop -> ~AsyncAllreduceWork -> ~ThreadLocalState ->
+SafePyObject decref -> take_gil -> pthread_exit -> std::terminate; no ringzero frame; about 1 run in 10
+of the Lightning script on this 2-core machine; torch's issue #190489)."""
+
+
 def train(script, backend, tmp_path, launcher=(sys.executable,)):
-    """Runs tests/<script> BACKEND OUT; returns what it saved: initial and final parameters, backend class."""
+    """Runs tests/<script> BACKEND OUT; returns what it saved: initial and final parameters, backend class.
+    The gloo reference run is run once more when it died of torch's own abort at exit (above); a ringzero
+    run never is."""
     out = tmp_path / f"{backend}.pt"
-    done = subprocess.run([*launcher, os.path.join(HERE, script), backend, str(out)], capture_output=True,
-                          text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    for attempt in (1, 2):
+        done = subprocess.run([*launcher, os.path.join(HERE, script), backend, str(out)], capture_output=True,
+                              text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        if done.returncode == 0 or backend != "gloo" or TORCH_GLOO_EXIT_ABORT not in done.stderr or attempt == 2:
+            break
+        print(f"{script} gloo: a rank aborted at exit ({TORCH_GLOO_EXIT_ABORT!r}, torch's gloo): run again")
     assert done.returncode == 0, f"{backend} run failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     return torch.load(out)
 
