@@ -82,7 +82,8 @@ class Communicator:
                 members = [self.global_ranks[r] for r in topo.cross_ring]
                 pos, ring = topo.cross_ring.index(self.rank), topo.cross_ring
                 self.cross_ring = P2PRing(group, members, pos, self.timeout_s, self.ring_slice_bytes)
-                # Its neighbours as group ranks (receives from, sends to), published while it waits on them.
+                # Its neighbours (group ranks: the one it receives from, the one it sends to), published
+                # in the segment while it waits on them.
                 self._cross_peers = sorted({ring[(pos - 1) % len(ring)], ring[(pos + 1) % len(ring)]})
 
     def _setup_shm(self):
