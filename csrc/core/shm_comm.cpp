@@ -448,11 +448,26 @@ bool ShmComm::peer_on_other_cache(int peer) {
 void ShmComm::fail_wait(const std::vector<int>& ranks, uint64_t phase, const char* why) {
   const Header* h = static_cast<const Header*>(seg_.data());
   std::vector<int> missing, exited;
+  std::ostringstream away;  // missing ranks that are alive but waiting on the network (set_away)
   for (int q : ranks) {
     const bool behind = phase == 0 || control(q)->arrive.load(std::memory_order_acquire) < phase;
     if (!behind) continue;
     missing.push_back(group_ranks_[q]);
-    if (process_gone(h->pids[q].load())) exited.push_back(group_ranks_[q]);
+    if (process_gone(h->pids[q].load())) {
+      exited.push_back(group_ranks_[q]);
+      continue;
+    }
+    // Alive, and maybe itself waiting in the cross-host step of the hierarchical all-reduce: the fault
+    // is there, and this rank's clock can run out before that rank's does.
+    std::vector<int> far;
+    for (const auto& a : control(q)->away)
+      if (const int v = a.load(std::memory_order_relaxed); v > 0 && std::find(far.begin(), far.end(), v - 1) == far.end())
+        far.push_back(v - 1);
+    if (far.empty()) continue;
+    away << "; group rank " << group_ranks_[q]
+         << " is alive and in its cross-host step, waiting on the network with group rank" << (far.size() > 1 ? "s " : " ");
+    for (size_t i = 0; i < far.size(); ++i) away << (i ? " and " : "") << far[i];
+    away << " (look there first: that rank, its host, the link)";
   }
   std::ostringstream s;
   s << "ringzero " << collective_name(static_cast<CollectiveKind>(current_.kind)) << " (sequence number "
@@ -461,24 +476,7 @@ void ShmComm::fail_wait(const std::vector<int>& ranks, uint64_t phase, const cha
   if (std::strcmp(why, kTimedOut) == 0) s << " waiting " << std::llround(timeout_s_ * 1000) << "ms (the op's timeout)";
   s << "; still waiting for group ranks " << join(missing);
   if (!exited.empty()) s << "; ranks " << join(exited) << " have exited";
-  // A missing rank that is alive may itself be waiting on the network (the cross-host step of the
-  // hierarchical all-reduce): the fault is there, and this rank's timer can run out before its does.
-  for (int q : ranks) {
-    const int g = group_ranks_[q];
-    if (std::find(missing.begin(), missing.end(), g) == missing.end() ||
-        std::find(exited.begin(), exited.end(), g) != exited.end())
-      continue;
-    std::vector<int> far;
-    for (const auto& a : control(q)->away)
-      if (const int v = a.load(std::memory_order_relaxed); v > 0 && std::find(far.begin(), far.end(), v - 1) == far.end())
-        far.push_back(v - 1);
-    if (far.empty()) continue;
-    s << "; group rank " << g << " is alive and in its cross-host step, waiting on the network with group rank"
-      << (far.size() > 1 ? "s " : " ");
-    for (size_t i = 0; i < far.size(); ++i) s << (i ? " and " : "") << far[i];
-    s << " (look there first: that rank, its host, the link)";
-  }
-  s << ". " << last_completed_table()
+  s << away.str() << ". " << last_completed_table()
     << ". Every rank must call the same collectives in the same order; raise RINGZERO_TIMEOUT_S if "
        "a rank is legitimately slow.";
   abort_all(s.str());
