@@ -29,10 +29,11 @@ fi
 # numpy/pytest/tqdm/matplotlib for the package and its tests (expecttest: torch's own test suite, which
 # tests/torch_suite runs, imports it); cmake/ninja build it; setuptools and wheel because
 # --no-build-isolation builds with what is installed (a new venv has neither a recent setuptools nor
-# wheel); the NCCL wheel gives nccl.h to the CUDA sources (compiled whenever nvcc is present).
+# wheel); the NCCL wheel gives nccl.h to the CUDA sources (compiled whenever nvcc is present), and
+# cuobjdump with the nvdisasm it runs disassemble them for tools/cuda_static_check.py.
 "$PY" -m pip install -q numpy pytest tqdm matplotlib ninja "cmake>=3.22" pybind11 "setuptools>=64" wheel expecttest
 if command -v nvcc >/dev/null 2>&1; then
-  "$PY" -m pip install -q nvidia-nccl-cu13
+  "$PY" -m pip install -q nvidia-nccl-cu13 nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm
 fi
 # The host lab (tests/hostlab.py) needs iproute2 (ip, tc) and util-linux (unshare, nsenter), and root;
 # its tests fail naming what is missing. Installed here where apt-get and root are at hand.
