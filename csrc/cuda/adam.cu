@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "cuda/adam.h"
+#include "cuda/portable.cuh"
 
 namespace ringzero {
 namespace {
@@ -220,8 +221,8 @@ __global__ void __launch_bounds__(kThreads) sum_squares_multi_kernel(SumSquaresL
   acc = warp_sum(acc);
   if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = acc;
   __syncthreads();
-  if (threadIdx.x < 32) {
-    float s = threadIdx.x < kThreads / 32 ? partial[threadIdx.x] : 0.0f;
+  if (threadIdx.x < 32) {  // the block's warps (kThreads / 32 at launch; fewer where the CPU grid says)
+    float s = threadIdx.x < blockDim.x / 32 ? partial[threadIdx.x] : 0.0f;
     s = warp_sum(s);
     if (threadIdx.x == 0) {
       if (found_inf && !isfinite(s)) *found_inf = 1.0f;
@@ -280,8 +281,7 @@ cudaError_t launch_adam(const AdamLaunchTable& t, DType out_dtype, const AdamHos
   int grid = 0;
   cudaError_t err = grid_for(adam_multi_kernel<P, G, M>, t.map.chunk_begin[t.map.tensors], &grid);
   if (err != cudaSuccess || grid == 0) return err;
-  adam_multi_kernel<P, G, M><<<grid, kThreads, 0, s>>>(t, out_dtype, h, d);
-  return cudaGetLastError();
+  return cuda::launch_kernel<adam_multi_kernel<P, G, M>>(dim3(grid), dim3(kThreads), s, t, out_dtype, h, d);
 }
 
 template <class P, class G>
@@ -376,9 +376,10 @@ cudaError_t sum_squares_multi_cuda(const void* const* xs, const DType* dtypes, c
     int grid = 0;
     cudaError_t err = grid_for(sum_squares_multi_kernel, t.map.chunk_begin[t.map.tensors], &grid);
     if (err != cudaSuccess || grid == 0) return err;
-    sum_squares_multi_kernel<<<grid, kThreads, 0, stream>>>(t, out, found_inf);
+    const cudaError_t launched =
+        cuda::launch_kernel<sum_squares_multi_kernel>(dim3(grid), dim3(kThreads), stream, t, out, found_inf);
     t = SumSquaresLaunchTable{};
-    return cudaGetLastError();
+    return launched;
   };
   for (size_t i = 0; i < n; ++i) {
     if (dtypes[i] != DType::F32 && dtypes[i] != DType::BF16 && dtypes[i] != DType::F16) return cudaErrorInvalidValue;

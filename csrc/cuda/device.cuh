@@ -9,6 +9,7 @@
 #include <cstdio>
 
 #include "cuda/peer_types.h"
+#include "cuda/portable.cuh"
 #include "cuda/schedule.h"
 
 namespace ringzero::cuda {
@@ -170,19 +171,7 @@ template <class T> __device__ __forceinline__ void copy_block(T* dst, const T* s
 }
 
 // ---- flags ---------------------------------------------------------------------------------------
-__device__ __forceinline__ void store_release_sys(uint64_t* p, uint64_t v) {
-  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-__device__ __forceinline__ uint64_t load_acquire_sys(const uint64_t* p) {
-  uint64_t v;
-  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ uint64_t global_timer_ns() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
+// store_release_sys, load_acquire_sys, load_volatile and global_timer_ns: cuda/portable.cuh.
 
 // ---- waits that end -------------------------------------------------------------------------------
 // [Note: a wait that runs out] A kernel never traps (a trap poisons the CUDA context: the process could
@@ -190,9 +179,11 @@ __device__ __forceinline__ uint64_t global_timer_ns() {
 // rank's Signal::stuck_on, (2) records who waited for what in the communicator's mapped RunStatus (the
 // first wait to run out claims it with an atomicCAS on a device word; later ones only return), and
 // (3) returns false; the block then returns (block-uniformly, through __syncthreads_or). Every other
-// wait of the same communicator sees the claim within 1024 spins and gives up too (after publishing
-// its own stuck_on if it has waited past timeout_ns as well), so a launch with a missing peer ends
-// about timeout_ns after its first wait began; a kernel never waits on the host. The host reads
+// wait of the same communicator sees the claim within kSpinsPerCheck polls and gives up too, after
+// publishing its own stuck_on (it is waiting for that peer now, whether or not its own clock has run
+// out: simulated ranks share one claim, and a rank that gave up silently would be named as the
+// culprit by the chain below, as the CPU grid showed for a ring of 4 with rank 2 missing), so a launch
+// with a missing peer ends about timeout_ns after its first wait began; a kernel never waits on the host. The host reads
 // RunStatus after the collective and raises CommTimeout naming the missing rank (peer_comm.cpp,
 // comm/cuda.py); the counters of the ranks no longer agree, so the communicator refuses every later
 // launch. Memory order: the record's fields, then __threadfence_system, then the code (the host reads
@@ -214,7 +205,7 @@ struct StuckWait {
 // waits for d+1, which waits for the dead rank d. A peer that is stuck too gives up within about the
 // same time (its wait began earlier), so each hop grants it a grace (a quarter of the timeout, at most
 // 100 ms) to say so before it is named.
-static __device__ __noinline__ int stuck_culprit(const StuckWait& w) {
+static __device__ RINGZERO_NOINLINE int stuck_culprit(const StuckWait& w) {
   const uint64_t grace = w.timeout_ns / 4 < 100000000ull ? w.timeout_ns / 4 : 100000000ull;
   int p = w.peer;
   for (int hop = 0; hop < w.nranks; ++hop) {
@@ -229,7 +220,7 @@ static __device__ __noinline__ int stuck_culprit(const StuckWait& w) {
 }
 
 // Publishes stuck_on, and records the timeout if this is the communicator's first (see the Note).
-static __device__ __noinline__ void give_up(StuckWait w) {
+static __device__ RINGZERO_NOINLINE void give_up(StuckWait w) {
   store_release_sys(&w.signal[w.rank]->stuck_on, static_cast<uint64_t>(w.peer) + 1);
   if (atomicCAS(w.claim, 0u, 1u) != 0u) return;
   volatile RunStatus* st = w.status;
@@ -250,6 +241,11 @@ static __device__ __noinline__ void give_up(StuckWait w) {
          static_cast<unsigned long long>(w.target));
 }
 
+// Polls of a flag between two looks at the clock and the claim: a few microseconds on a GPU; on the
+// CPU grid a poll yields to the block's other threads, so fewer polls per look keep the timeout
+// close to timeout_ns there too.
+constexpr uint32_t kSpinsPerCheck = 64;
+
 struct Waiter {
   const PeerTable* peers;
   RunStatus* status;    // mapped host memory
@@ -264,7 +260,7 @@ struct Waiter {
     const uint64_t start = global_timer_ns();
     for (uint32_t spins = 1;; ++spins) {
       if (load_acquire_sys(flag) >= target) return true;
-      if ((spins & 1023u) == 0) {
+      if (spins % kSpinsPerCheck == 0) {
         if (global_timer_ns() - start > timeout_ns) {  // first: a wait that ran out says so (stuck_on)
           StuckWait w;
           for (int q = 0; q < kMaxRanks; ++q) w.signal[q] = q < peers->nranks ? peers->signal[q] : nullptr;
@@ -280,7 +276,10 @@ struct Waiter {
           give_up(w);
           return false;
         }
-        if (*reinterpret_cast<volatile uint32_t*>(claim) != 0u) return false;
+        if (load_volatile(claim) != 0u) {  // another wait ran out: say whom this one waits for, then give up
+          store_release_sys(&peers->signal[rank]->stuck_on, static_cast<uint64_t>(peer) + 1);
+          return false;
+        }
       }
     }
   }

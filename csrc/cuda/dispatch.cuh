@@ -65,8 +65,7 @@ cudaError_t launch_resident(CollArgs args, int grid_y, cudaStream_t stream, bool
     args.nblocks = limit;
   }
   if (args.nblocks < 1) args.nblocks = 1;
-  Kernel<<<dim3(args.nblocks, grid_y), kThreads, 0, stream>>>(args);
-  return cudaGetLastError();
+  return launch_kernel<Kernel>(dim3(args.nblocks, grid_y), dim3(kThreads), stream, args);
 }
 
 // The launcher of every collective kernel: K<T, Op>::kernel is the kernel for (dtype, op).

@@ -56,8 +56,7 @@ cudaError_t launch_reduce(void* dst, const void* const* srcs, int nsrc, size_t c
   if (blocks > most) blocks = most;
   return dispatch(dtype, op, [&](auto tag, auto o) {
     using T = typename decltype(tag)::type;
-    reduce_kernel<T, decltype(o)><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(a);
-    return cudaGetLastError();
+    return launch_kernel<reduce_kernel<T, decltype(o)>>(dim3(static_cast<unsigned>(blocks)), dim3(kThreads), stream, a);
   });
 }
 
