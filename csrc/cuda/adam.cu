@@ -30,6 +30,7 @@ constexpr int kThreads = 256;
 // Elements per thread per pass: one 16-byte load of float32 (8 bytes of 16-bit) per operand, four
 // operands in flight per thread: the memory-level parallelism a bandwidth-bound kernel needs.
 constexpr int kVec = 4;
+static_assert(kAdamChunkElems % kVec == 0, "a chunk starts on a Pack boundary");
 
 __device__ __forceinline__ float load_f(const void* p, DType t, size_t i) {
   switch (t) {
@@ -189,7 +190,9 @@ __global__ void __launch_bounds__(kThreads) adam_multi_kernel(AdamLaunchTable t,
     const size_t begin = static_cast<size_t>(c - t.map.chunk_begin[k]) * kAdamChunkElems;
     const size_t end = min(begin + kAdamChunkElems, static_cast<size_t>(t.map.count[k]));
     if (t.packed & (1u << k)) {
-      const size_t packed_end = begin + (end - begin) / kVec * kVec;
+      // = begin + (end - begin) / kVec * kVec, since begin is a multiple of kVec; derived from end, which
+      // the tail needs anyway, rather than kept live across the packed loop (ptxas spilled it there).
+      const size_t packed_end = end / kVec * kVec;
       adam_chunk_packed<P, G, M>(t, k, begin, packed_end, out_dtype, h, co);
       adam_chunk_scalar<P, G, M>(t, k, packed_end, end, out_dtype, h, co);
     } else {

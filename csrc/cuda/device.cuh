@@ -115,11 +115,14 @@ template <class T> __device__ __forceinline__ void store_pack(T* p, const Pack<T
   __stcg(reinterpret_cast<uint4*>(p), raw);
 }
 
-// Up to kMaxRanks sources combined in index order and written to one or two destinations (the output
+// Up to MaxSrc sources combined in index order and written to one or two destinations (the output
 // and a peer's FIFO slot: NCCL's "copy-send" in one pass). Sources and destinations may alias one
-// another element-wise (every thread loads a whole pack before it stores it).
-template <class T> struct Span {
-  const T* src[kMaxRanks];
+// another element-wise (every thread loads a whole pack before it stores it). MaxSrc below kMaxRanks
+// (the ring's 2: received slot, local input) bounds reduce_span's loops at compile time, so they unroll
+// and the pointers stay in registers; the run-time-indexed array of the kMaxRanks form lives in local
+// memory, and in the ring (at its 128-register cap) that array cost spills.
+template <class T, int MaxSrc = kMaxRanks> struct Span {
+  const T* src[MaxSrc];
   int nsrc;
   T* dst[2];
   int ndst;
@@ -128,21 +131,24 @@ template <class T> struct Span {
 // Applies Op over [0, len) of every source, block-wide (this block's threads only). Bytes moved:
 // (nsrc + ndst) * len * sizeof(T). The vector loop needs every pointer 16-byte aligned; otherwise (a
 // user tensor that is an odd view) the whole range takes the scalar loop.
-template <class T, class Op>
-__device__ void reduce_span(const Span<T>& s, size_t len, int divisor) {
+template <class T, class Op, int MaxSrc>
+__device__ void reduce_span(const Span<T, MaxSrc>& s, size_t len, int divisor) {
   using E = Elem<T>;
   using A = typename E::Acc;
   constexpr int N = Pack<T>::N;
+  // Counts the compiler can bound when MaxSrc is small (see Span); the kMaxRanks form keeps its loops.
+  constexpr bool kFew = MaxSrc < kMaxRanks;
+  const int nsrc = kFew && s.nsrc > MaxSrc ? MaxSrc : s.nsrc, ndst = kFew && s.ndst > 2 ? 2 : s.ndst;
   uintptr_t misalign = 0;
-  for (int i = 0; i < s.nsrc; ++i) misalign |= reinterpret_cast<uintptr_t>(s.src[i]);
-  for (int i = 0; i < s.ndst; ++i) misalign |= reinterpret_cast<uintptr_t>(s.dst[i]);
+  for (int i = 0; i < nsrc; ++i) misalign |= reinterpret_cast<uintptr_t>(s.src[i]);
+  for (int i = 0; i < ndst; ++i) misalign |= reinterpret_cast<uintptr_t>(s.dst[i]);
   size_t vec_len = (misalign % kPackBytes == 0) ? len / N * N : 0;
   for (size_t p = static_cast<size_t>(threadIdx.x) * N; p < vec_len; p += static_cast<size_t>(blockDim.x) * N) {
     Pack<T> x = load_pack(s.src[0] + p);
     A acc[N];
 #pragma unroll
     for (int j = 0; j < N; ++j) acc[j] = E::load(x.v[j]);
-    for (int i = 1; i < s.nsrc; ++i) {
+    for (int i = 1; i < nsrc; ++i) {
       Pack<T> y = load_pack(s.src[i] + p);
 #pragma unroll
       for (int j = 0; j < N; ++j) acc[j] = Op::apply(acc[j], E::load(y.v[j]));
@@ -150,13 +156,13 @@ __device__ void reduce_span(const Span<T>& s, size_t len, int divisor) {
     Pack<T> out;
 #pragma unroll
     for (int j = 0; j < N; ++j) out.v[j] = E::store(divisor > 1 ? divide(acc[j], divisor) : acc[j]);
-    for (int i = 0; i < s.ndst; ++i) store_pack(s.dst[i] + p, out);
+    for (int i = 0; i < ndst; ++i) store_pack(s.dst[i] + p, out);
   }
   for (size_t e = vec_len + threadIdx.x; e < len; e += blockDim.x) {
     A acc = E::load(load_cg(s.src[0] + e));
-    for (int i = 1; i < s.nsrc; ++i) acc = Op::apply(acc, E::load(load_cg(s.src[i] + e)));
+    for (int i = 1; i < nsrc; ++i) acc = Op::apply(acc, E::load(load_cg(s.src[i] + e)));
     const T out = E::store(divisor > 1 ? divide(acc, divisor) : acc);
-    for (int i = 0; i < s.ndst; ++i) s.dst[i][e] = out;
+    for (int i = 0; i < ndst; ++i) s.dst[i][e] = out;
   }
 }
 
@@ -188,9 +194,12 @@ template <class T> __device__ __forceinline__ void copy_block(T* dst, const T* s
 // comm/cuda.py); the counters of the ranks no longer agree, so the communicator refuses every later
 // launch. Memory order: the record's fields, then __threadfence_system, then the code (the host reads
 // the code first); stuck_on is a st.release.sys read with ld.acquire.sys by peers.
-// The slow path's view of a wait that ran out, by value: passing a pointer into the kernel's
+// The slow path's view of a wait that ran out, a copy the waiting thread fills in its local memory
+// only when the wait runs out and hands to give_up by reference: passing a pointer into the kernel's
 // parameters to a non-inlined function would make every thread copy them to local memory (ptxas showed
-// 560-byte stack frames), and inlining the slow path made ptxas spill in the ring's hot loop.
+// 560-byte stack frames); inlining the slow path made ptxas spill in the ring's hot loop; and by value
+// the struct took about 30 argument registers at the call, around which ptxas spilled (one-shot fp16
+// and int32 Prod on sm_90a).
 struct StuckWait {
   Signal* signal[kMaxRanks];
   RunStatus* status;
@@ -220,7 +229,7 @@ static __device__ RINGZERO_NOINLINE int stuck_culprit(const StuckWait& w) {
 }
 
 // Publishes stuck_on, and records the timeout if this is the communicator's first (see the Note).
-static __device__ RINGZERO_NOINLINE void give_up(StuckWait w) {
+static __device__ RINGZERO_NOINLINE void give_up(const StuckWait& w) {
   store_release_sys(&w.signal[w.rank]->stuck_on, static_cast<uint64_t>(w.peer) + 1);
   if (atomicCAS(w.claim, 0u, 1u) != 0u) return;
   volatile RunStatus* st = w.status;

@@ -63,7 +63,7 @@ struct RingChannel {
     // thread 0's acquire covers the whole block's reads below; a wait that ran out ends the channel
     failed = __syncthreads_or(!ok);
     if (failed) return;
-    Span<T> s{};
+    Span<T, 2> s{};  // at most 2 sources: its pointers stay in registers (see Span)
     if (recv) s.src[s.nsrc++] = my_fifo + (recvd % kRingSteps) * slot_elems;
     if (local) s.src[s.nsrc++] = local;
     if (out) s.dst[s.ndst++] = out;
@@ -85,7 +85,9 @@ struct Piece {
 
 // Min 1 block per SM: a channel is one persistent block and SimWorld keeps channels x ranks <= SMs, so
 // occupancy above 1 buys nothing; without it ptxas capped 8 of the 20 instantiations at 64 registers
-// and spilled ~530 bytes per thread (200+ in all 20 once the timeout path was added), with it 4-8 bytes.
+// and spilled ~530 bytes per thread (200+ in all 20 once the timeout path was added), with it 4-8 bytes,
+// and none since step's Span holds 2 sources and give_up takes its StuckWait by reference (94-108
+// registers; benchmarks/RESULTS.md, static check).
 template <class T, class Op>
 __global__ void __launch_bounds__(kThreads, 1) ring_kernel(CollArgs a) {
   const RankBuffers& me = a.ranks[blockIdx.y];
