@@ -27,8 +27,9 @@ target_link_libraries(ringzero_cpu_grid PUBLIC ringzero_core Threads::Threads)
 if(RINGZERO_BUILD_TESTS)
   # The CUDA C++ tests as they are, on the CPU grid. Each writes the kernels it launched to
   # cpu_grid_kernels_<test>.txt; the coverage test then checks every kernel of csrc/cuda ran.
-  set(_cpu_grid_tests cuda cuda_fuzz cuda_timeout)
+  set(_cpu_grid_tests cuda cuda_fuzz cuda_timeout cuda_adam)
   set(_cpu_grid_logs "")
+  add_custom_target(cpu_grid_tests)  # builds just the CPU-grid tests (the ThreadSanitizer build)
   foreach(t ${_cpu_grid_tests})
     file(CONFIGURE OUTPUT ${_cpu_grid_gen}/test_${t}.cpp
          CONTENT "// Generated: tests/cpp/test_${t}.cu on the CPU grid.\n#include \"test_${t}.cu\"\n")
@@ -36,10 +37,15 @@ if(RINGZERO_BUILD_TESTS)
     target_include_directories(cpu_grid_test_${t} PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/tests/cpp)
     target_compile_options(cpu_grid_test_${t} PRIVATE -O2)
     target_link_libraries(cpu_grid_test_${t} PRIVATE ringzero_cpu_grid)
+    add_dependencies(cpu_grid_tests cpu_grid_test_${t})
     set(_log ${CMAKE_CURRENT_BINARY_DIR}/cpu_grid_kernels_${t}.txt)
     list(APPEND _cpu_grid_logs ${_log})
     add_test(NAME cpu_grid_${t} COMMAND cpu_grid_test_${t})
     set_tests_properties(cpu_grid_${t} PROPERTIES ENVIRONMENT "RINGZERO_CPU_GRID_KERNEL_LOG=${_log}"
                          LABELS cpu_grid FIXTURES_SETUP cpu_grid_logs TIMEOUT 1500)
   endforeach()
+  find_package(Python3 COMPONENTS Interpreter REQUIRED)
+  add_test(NAME cpu_grid_coverage COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/tools/cpu_grid_coverage.py
+           --src ${CMAKE_CURRENT_SOURCE_DIR}/csrc/cuda ${_cpu_grid_logs})
+  set_tests_properties(cpu_grid_coverage PROPERTIES LABELS cpu_grid FIXTURES_REQUIRED cpu_grid_logs)
 endif()

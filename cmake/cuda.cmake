@@ -76,8 +76,9 @@ if(RINGZERO_BUILD_TESTS)
   target_link_libraries(test_cuda PRIVATE ringzero_cuda)
   add_test(NAME cuda COMMAND test_cuda)
   set_tests_properties(cuda PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600)
-  # The fuzz (RINGZERO_FUZZ_SEED / RINGZERO_FUZZ_CASES; it prints its seed) and the missing-rank test.
-  foreach(t cuda_fuzz cuda_timeout)
+  # The fuzz (RINGZERO_FUZZ_SEED / RINGZERO_FUZZ_CASES; it prints its seed), the missing-rank test and
+  # the multi-tensor Adam against the CPU kernel.
+  foreach(t cuda_fuzz cuda_timeout cuda_adam)
     add_executable(test_${t} tests/cpp/test_${t}.cu)
     set_target_properties(test_${t} PROPERTIES CUDA_ARCHITECTURES "${RINGZERO_CUDA_ARCHS}")
     target_link_libraries(test_${t} PRIVATE ringzero_cuda)

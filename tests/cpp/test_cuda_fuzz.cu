@@ -7,6 +7,11 @@
 // This would have caught issue 15 (the one-shot/two-shot staging race at the last, shorter slice).
 //   RINGZERO_FUZZ_SEED=<n> RINGZERO_FUZZ_CASES=<n> build/cpp/test_cuda_fuzz   (the seed is printed)
 // Without a CUDA device it prints SKIP and exits 77 (ctest's SKIP_RETURN_CODE).
+// The same source runs on the CPU grid (cpu_grid_test_cuda_fuzz, every CI run), where each world also
+// draws a block size (512 as on the GPU, or an odd one: the kernels take blockDim from the launch),
+// chaos (random yields and stalls at every sync point, seeded from the fuzz seed) and, for every
+// other world, real ranks instead of simulated ones: one PeerComm per host thread, each launching its
+// own grid, peer memory opened through the IPC handles as on a node.
 #include <cuda_runtime.h>
 
 #include <chrono>
@@ -22,6 +27,10 @@
 
 #include "cuda/peer_comm.h"
 #include "cuda_test_util.h"
+
+#if defined(RINGZERO_CPU_GRID)
+#include <thread>
+#endif
 
 using namespace ringzero;
 using namespace ringzero::cuda;
@@ -70,6 +79,8 @@ double reference(uint32_t salt, int n, size_t i, DType t, ReduceOp op) {
 struct World {
   PeerConfig cfg;
   int n;
+  unsigned block_threads = 0;  // CPU grid: the block size of every launch (0: the kernels' own)
+  bool real_ranks = false;     // CPU grid: PeerComm per host thread instead of SimWorld
 };
 
 struct Case {
@@ -96,6 +107,13 @@ World random_world(std::mt19937_64& g) {
   const int blocks[] = {1, 2, 3, 4, 8, 16, 32};
   w.cfg.max_blocks = blocks[g() % 7];
   w.cfg.timeout_s = 60;
+#if defined(RINGZERO_CPU_GRID)
+  // Odd sizes, and sizes below a warp; at least kMaxRanks (block_barrier gives a thread to each rank).
+  const unsigned threads[] = {kThreads, kThreads, 8, 33, 64, 96, 127, 200};
+  w.block_threads = threads[g() % 8];
+  w.real_ranks = g() % 2 == 0;
+  if (w.real_ranks) w.cfg.max_blocks = std::min(w.cfg.max_blocks, 8);  // every rank's grid runs at once
+#endif
   return w;
 }
 
@@ -134,15 +152,51 @@ Case random_case(std::mt19937_64& g, const World& w) {
 }
 
 std::string describe(const World& w, const Case& c) {
-  char buf[256];
-  std::snprintf(buf, sizeof buf, "world=%d staging=%zu channels=%d max_blocks=%d coll=%d algo=%d %s %s count=%zu%s",
+  char buf[320];
+  std::snprintf(buf, sizeof buf,
+                "world=%d staging=%zu channels=%d max_blocks=%d coll=%d algo=%d %s %s count=%zu%s%s threads=%u",
                 w.n, w.cfg.staging_bytes, w.cfg.ring_channels, w.cfg.max_blocks, static_cast<int>(c.coll),
-                static_cast<int>(c.algo), dtype_name(c.dtype), op_name(c.op), c.count, c.in_place ? " in-place" : "");
+                static_cast<int>(c.algo), dtype_name(c.dtype), op_name(c.op), c.count, c.in_place ? " in-place" : "",
+                w.real_ranks ? " real-ranks" : "", w.block_threads);
   return buf;
 }
 
+// The ranks of a world: simulated (one SimWorld, one grid) or, on the CPU grid, real (one PeerComm
+// per rank, each run from its own host thread as each process would, peers opened by IPC handle).
+struct Ranks {
+  std::unique_ptr<SimWorld> sim;
+  std::vector<std::unique_ptr<PeerComm>> real;
+  Ranks(const World& w) {
+    if (!w.real_ranks) {
+      sim.reset(new SimWorld(w.n, w.cfg));
+      return;
+    }
+    std::vector<std::string> handles;
+    for (int q = 0; q < w.n; ++q) {
+      real.emplace_back(new PeerComm(q, w.n, w.cfg));
+      handles.push_back(real.back()->ipc_handle());
+    }
+    for (auto& r : real) r->open_peers(handles);
+  }
+  PeerConfig config() const { return sim ? sim->config() : real[0]->config(); }
+  void run(Coll coll, const std::vector<const void*>& ins, const std::vector<void*>& outs, size_t count, DType t,
+           ReduceOp op, Algo algo, cudaStream_t s) {
+    if (sim) return sim->run(coll, ins, outs, count, t, op, algo, s);
+#if defined(RINGZERO_CPU_GRID)
+    std::vector<std::thread> threads;
+    for (size_t q = 0; q < real.size(); ++q)
+      threads.emplace_back([&, q] { real[q]->run(coll, ins[q], outs[q], count, t, op, algo, nullptr); });
+    for (auto& th : threads) th.join();
+#endif
+  }
+  void check() const {
+    if (sim) return sim->check();
+    for (auto& r : real) r->check();
+  }
+};
+
 // Runs one case on `sim` and checks every rank's output; returns false on a mismatch.
-bool run_case(SimWorld& sim, const World& w, const Case& c, uint32_t salt, cudaStream_t s) {
+bool run_case(Ranks& sim, const World& w, const Case& c, uint32_t salt, cudaStream_t s) {
   const int n = w.n;
   const size_t es = dtype_size(c.dtype);
   const size_t in_n = c.coll == Coll::ReduceScatter ? n * c.count : c.count;
@@ -197,6 +251,15 @@ int main() {
   const uint64_t cases = env_u64("RINGZERO_FUZZ_CASES", 300);
   std::printf("test_cuda_fuzz: seed %" PRIu64 ", %" PRIu64 " cases (RINGZERO_FUZZ_SEED=%" PRIu64
               " RINGZERO_FUZZ_CASES=%" PRIu64 " repeats this run)\n", seed, cases, seed, cases);
+#if defined(RINGZERO_CPU_GRID)
+  // Chaos on unless RINGZERO_CPU_GRID_CHAOS says otherwise (0: off); a fixed block size from
+  // RINGZERO_CPU_GRID_THREADS replaces the drawn ones (the ThreadSanitizer run keeps blocks small).
+  if (!std::getenv("RINGZERO_CPU_GRID_CHAOS")) ringzero::cpu_grid::set_chaos(seed * 2 + 1);
+  const bool fixed_threads = ringzero::cpu_grid::block_threads() != 0;
+  std::printf("test_cuda_fuzz: CPU grid, chaos seed %" PRIu64 "%s (interleavings of OS threads are not "
+              "reproducible; the cases are)\n",
+              ringzero::cpu_grid::chaos_seed(), fixed_threads ? ", fixed block size" : "");
+#endif
   std::fflush(stdout);
   std::mt19937_64 g(seed);
   cudaStream_t s;
@@ -205,7 +268,11 @@ int main() {
   uint64_t done = 0, failed = 0;
   while (done < cases) {
     World w = random_world(g);
-    SimWorld sim(w.n, w.cfg);
+#if defined(RINGZERO_CPU_GRID)
+    if (fixed_threads) w.block_threads = ringzero::cpu_grid::block_threads();
+    ringzero::cpu_grid::set_block_threads(w.block_threads);
+#endif
+    Ranks sim(w);
     w.cfg = sim.config();  // ring channels as SimWorld kept them (at most SMs / ranks)
     for (uint64_t k = 0; k < kCasesPerWorld && done < cases; ++k, ++done) {
       const Case c = random_case(g, w);
