@@ -15,6 +15,7 @@
 #include <cuda_runtime.h>
 
 #include <chrono>
+#include <exception>
 #include <cinttypes>
 #include <cmath>
 #include <cstdint>
@@ -106,7 +107,7 @@ World random_world(std::mt19937_64& g) {
   w.cfg.ring_channels = 1 + static_cast<int>(g() % std::min(most_channels, 8));
   const int blocks[] = {1, 2, 3, 4, 8, 16, 32};
   w.cfg.max_blocks = blocks[g() % 7];
-  w.cfg.timeout_s = 60;
+  w.cfg.timeout_s = static_cast<double>(env_u64("RINGZERO_FUZZ_TIMEOUT_S", 60));  // the mutation check uses 5
 #if defined(RINGZERO_CPU_GRID)
   // Odd sizes, and sizes below a warp; at least kMaxRanks (block_barrier gives a thread to each rank).
   const unsigned threads[] = {kThreads, kThreads, 8, 33, 64, 96, 127, 200};
@@ -276,9 +277,21 @@ int main() {
     w.cfg = sim.config();  // ring channels as SimWorld kept them (at most SMs / ranks)
     for (uint64_t k = 0; k < kCasesPerWorld && done < cases; ++k, ++done) {
       const Case c = random_case(g, w);
-      if (!run_case(sim, w, c, static_cast<uint32_t>(done + 1), s)) {
+      bool ok = false, world_dead = false;
+      try {
+        ok = run_case(sim, w, c, static_cast<uint32_t>(done + 1), s);
+      } catch (const std::exception& e) {  // a wait that ran out: this world's flags no longer agree
+        std::printf("case %" PRIu64 " raised: %s\n", done, e.what());
+        CHECK(false, "%s raised", describe(w, c).c_str());
+        world_dead = true;
+      }
+      if (!ok) {
         ++failed;
         std::printf("FAILED case %" PRIu64 ": %s\n", done, describe(w, c).c_str());
+      }
+      if (world_dead) {
+        ++done;
+        break;
       }
     }
   }

@@ -1,0 +1,181 @@
+#!/usr/bin/env python3
+"""The CPU-grid tests can fail: planted defects in a copy of the CUDA kernels, one at a time.
+
+Copies the working tree to a temporary folder, checks that the unchanged kernels pass, then for each
+planted defect (a dropped release store, an acquire turned into a plain load, a dropped __syncthreads,
+an off-by-one in a block's last slice, an epoch not bumped, a ring credit one slot early, the issue-15
+per-slice partition, a dropped two-shot barrier, a dropped Adam bias correction) rebuilds the CPU-grid
+tests and runs them: first the plain build (wrong values, a timeout, a crash), then, if that passed,
+the ThreadSanitizer build (a data race). Prints a table: every defect must be caught. Takes about 15
+minutes on 2 cores; not part of CI (README, status: the table of its last run).
+
+    python3 tools/cpu_grid_mutations.py [--only NAME] [--keep]
+"""
+import argparse
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+# name, file, text to find, replacement, occurrence to replace (1-based; 0: every one), test to run
+MUTANTS = [
+    ("release-dropped", "csrc/cuda/ring.cu",
+     "if (send) store_release_sys(&peers->signal[right]->ready[c], sent);",
+     "if (send) peers->signal[right]->ready[c] = sent;", 1, "fuzz",
+     "ring: the 'slice is ready' flag written with a plain store (release dropped)"),
+    ("acquire-plain", "csrc/cuda/device.cuh",
+     "if (load_acquire_sys(flag) >= target) return true;",
+     "if (*flag >= target) return true;", 0, "fuzz",
+     "every wait reads its flag with a plain load (acquire dropped)"),
+    ("syncthreads-dropped", "csrc/cuda/device.cuh",
+     "  __syncthreads();  // the block's writes happen before thread q's release",
+     "  // (dropped) the block's writes happen before thread q's release", 1, "fuzz",
+     "block_barrier: the __syncthreads before the release dropped"),
+    ("last-slice-off-by-one", "csrc/cuda/oneshot.cu",
+     "hi = end < len ? end : len;",
+     "hi = end < len ? end : len - 1;", 1, "fuzz",
+     "one-shot: a block's part of the last slice ends one element early"),
+    ("epoch-not-bumped", "csrc/cuda/device.cuh",
+     "if (threadIdx.x == 0) self->epoch[b] = target;",
+     "(void)target;", 1, "fuzz",
+     "block_barrier: the epoch flag reused without being bumped"),
+    ("ring-credit-early", "csrc/cuda/ring.cu",
+     "sent + 1 - kRingSteps, WaitKind::RingCredit",
+     "sent - kRingSteps, WaitKind::RingCredit", 1, "fuzz",
+     "ring: a FIFO slot rewritten one credit early"),
+    ("issue-15-partition", "csrc/cuda/oneshot.cu",
+     "const size_t lo = begin < len ? begin : len, hi = end < len ? end : len;",
+     "size_t lo, hi;\n    block_part<T>(len, blockIdx.x, gridDim.x, &lo, &hi);", 1, "fuzz",
+     "one-shot: each slice partitioned by its own length (the issue-15 race)"),
+    ("twoshot-barrier-dropped", "csrc/cuda/twoshot.cu",
+     "    if (!block_barrier(w)) return;\n    for (int k = 0; k < n; ++k)\n      copy_block(out",
+     "    for (int k = 0; k < n; ++k)\n      copy_block(out", 1, "fuzz",
+     "two-shot: the barrier between the reduce and the gather dropped"),
+    ("adam-bias-correction", "csrc/cuda/adam.cu",
+     "c.step_size = lr / (1.0f - powf(h.beta1, step));",
+     "c.step_size = lr;", 1, "adam",
+     "Adam: the first moment's bias correction dropped"),
+]
+
+TESTS = {
+    # plain: the fuzz at a fixed seed with short kernel timeouts; TSan: small blocks (TSan's thread limit)
+    "fuzz": ("cpu_grid_test_cuda_fuzz", {"RINGZERO_FUZZ_SEED": "1", "RINGZERO_FUZZ_CASES": "120",
+                                         "RINGZERO_FUZZ_TIMEOUT_S": "5"},
+             {"RINGZERO_FUZZ_CASES": "40", "RINGZERO_CPU_GRID_THREADS": "64"}),
+    "adam": ("cpu_grid_test_cuda_adam", {}, {"RINGZERO_CPU_GRID_THREADS": "64"}),
+}
+
+
+def run(cmd, env=None, timeout=900, cwd=None):
+    t0 = time.time()
+    try:
+        p = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+        return p.returncode, p.stdout + p.stderr, time.time() - t0
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        return 124, out, time.time() - t0
+
+
+def configure(src, build, tsan):
+    flags = ["-DCMAKE_BUILD_TYPE=" + ("RelWithDebInfo" if tsan else "Release"), "-DRINGZERO_CUDA=OFF"]
+    if tsan:
+        flags += ["-DCMAKE_CXX_FLAGS=-fsanitize=thread", "-DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread"]
+    rc, out, _ = run(["cmake", "-S", str(src), "-B", str(build), "-G", "Ninja", *flags])
+    if rc:
+        sys.exit(f"cmake failed:\n{out}")
+
+
+def build_and_test(build, test, tsan):
+    exe, plain_env, tsan_env = TESTS[test]
+    rc, out, _ = run(["cmake", "--build", str(build), "-j", str(os.cpu_count() or 2), "--target", exe], timeout=1800)
+    if rc:
+        return "build failed", out
+    env = dict(os.environ, RINGZERO_CPU_GRID_KERNEL_LOG="")
+    env.update(plain_env)
+    if tsan:
+        env.update(tsan_env)
+        env["TSAN_OPTIONS"] = "halt_on_error=1 exitcode=66"
+    rc, out, secs = run([str(build / exe)], env=env, timeout=900)
+    if rc == 0:
+        return None, out
+    if rc == 66 or "ThreadSanitizer" in out:
+        what = "data race"
+    elif rc == 124:
+        what = "hang (killed)"
+    elif "raised" in out or "timed out" in out:
+        what = "CommTimeout"
+    elif "failures" in out:
+        what = "wrong values"
+    else:
+        what = f"exit {rc}"
+    return f"{what} ({secs:.0f} s)", out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", help="run one planted defect")
+    ap.add_argument("--keep", action="store_true", help="keep the temporary copy")
+    args = ap.parse_args()
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="ringzero_mutations_"))
+    src = tmp / "src"
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True,
+                           check=True).stdout.split()
+    for f in files:
+        if (ROOT / f).is_file():
+            (src / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / f, src / f)
+    builds = {False: tmp / "plain", True: tmp / "tsan"}
+    for tsan, b in builds.items():
+        configure(src, b, tsan)
+    print("baseline (no defect):", flush=True)
+    for test in sorted({m[5] for m in MUTANTS}):
+        for tsan in (False, True):
+            caught, out = build_and_test(builds[tsan], test, tsan)
+            print(f"  {test} {'TSan' if tsan else 'plain'}: {'FAILS: ' + caught if caught else 'passes'}", flush=True)
+            if caught:
+                print(out[-3000:])
+                sys.exit("the unchanged kernels must pass before defects are planted")
+    rows = []
+    for name, path, old, new, nth, test, what in MUTANTS:
+        if args.only and name != args.only:
+            continue
+        target = src / path
+        original = target.read_text()
+        count = original.count(old)
+        if count == 0 or (nth > count):
+            sys.exit(f"{name}: the text to change is not in {path} (the kernel changed: update this mutant)")
+        if nth == 0:
+            mutated = original.replace(old, new)
+        else:
+            at = -1
+            for _ in range(nth):
+                at = original.index(old, at + 1)
+            mutated = original[:at] + new + original[at + len(old):]
+        target.write_text(mutated)
+        try:
+            caught, out = build_and_test(builds[False], test, False)
+            how = f"plain: {caught}" if caught else None
+            if not caught:
+                caught, out = build_and_test(builds[True], test, True)
+                how = f"TSan: {caught}" if caught else "NOT CAUGHT"
+        finally:
+            target.write_text(original)
+        rows.append((name, what, how))
+        print(f"{name:26} {how}", flush=True)
+    print("\n| planted defect | what it breaks | caught by |\n|---|---|---|")
+    for name, what, how in rows:
+        print(f"| `{name}` | {what} | {how} |")
+    missed = [r for r in rows if r[2] == "NOT CAUGHT"]
+    print(f"\n{len(rows) - len(missed)} of {len(rows)} planted defects caught")
+    if not args.keep:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
