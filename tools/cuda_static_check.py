@@ -21,7 +21,8 @@ A regression (exit 1, one line per finding naming the instantiation, the arch an
     no 128-bit access by design (widening it would mean 8 elements per thread).
 Registers, stack frames and shared memory are recorded, not judged: they change with any edit, and the
 launchers size their grids from the occupancy they give (dispatch.cuh, adam.cu). Stack frames are expected: Span's source array
-is indexed at run time and StuckWait goes by value to a non-inlined function, so both live in local memory.
+is indexed at run time, and the StuckWait that a wait hands (by reference) to the non-inlined give_up is
+built in local memory, so both live there.
   python3 tools/cuda_static_check.py [--arch 80,90a] [--root DIR] [-j N] [FILE.cu ...]
 (--root: another checkout's csrc, e.g. a copy with a planted regression, to see the check fail.)
 """
