@@ -393,9 +393,11 @@ void run_grid(const char* kernel, dim3 grid, dim3 block, const std::function<voi
 
 // ---- launches, streams, graphs ----------------------------------------------------------------------
 std::mutex g_kernels_mu;
+// Never destroyed: write_kernel_log runs from atexit, which a static map registered later (at its first
+// use, after the atexit call) would not outlive (that crashed the fuzz at exit, now and then).
 std::map<std::string, uint64_t>& kernels() {
-  static std::map<std::string, uint64_t> k;
-  return k;
+  static auto* k = new std::map<std::string, uint64_t>;
+  return *k;
 }
 
 std::string short_name(const char* pretty) {
