@@ -4,9 +4,9 @@
 Copies the working tree to a temporary folder, checks that the unchanged kernels pass, then for each
 planted defect (a dropped release store, an acquire turned into a plain load, a dropped __syncthreads,
 an off-by-one in a block's last slice, an epoch not bumped, a ring credit one slot early, the issue-15
-per-slice partition, a dropped two-shot barrier, a dropped Adam bias correction) rebuilds the CPU-grid
-tests and runs them: first the plain build (wrong values, a timeout, a crash), then, if that passed,
-the ThreadSanitizer build (a data race). Prints a table: every defect must be caught. Takes about 15
+per-slice partition, a dropped two-shot barrier, an unclaimed timeout record, a dropped Adam bias
+correction) rebuilds the CPU-grid tests and runs them: first the plain build (wrong values, a timeout,
+a crash), then, if that passed, the ThreadSanitizer build (a data race). Prints a table: every defect must be caught. Takes about 15
 minutes on 2 cores; not part of CI (README, status: the table of its last run).
 
     python3 tools/cpu_grid_mutations.py [--only NAME] [--keep]
@@ -56,6 +56,10 @@ MUTANTS = [
      "    if (!block_barrier(w)) return;\n    for (int k = 0; k < n; ++k)\n      copy_block(out",
      "    for (int k = 0; k < n; ++k)\n      copy_block(out", 1, "fuzz",
      "two-shot: the barrier between the reduce and the gather dropped"),
+    ("timeout-record-unclaimed", "csrc/cuda/device.cuh",
+     "if (atomicCAS(w.claim, 0u, 1u) != 0u) return;",
+     "atomicCAS(w.claim, 0u, 1u);", 1, "timeout",
+     "a wait that runs out writes the timeout record without claiming it first"),
     ("adam-bias-correction", "csrc/cuda/adam.cu",
      "c.step_size = lr / (1.0f - powf(h.beta1, step));",
      "c.step_size = lr;", 1, "adam",
@@ -68,6 +72,7 @@ TESTS = {
                                          "RINGZERO_FUZZ_TIMEOUT_S": "5"},
              {"RINGZERO_FUZZ_CASES": "40", "RINGZERO_CPU_GRID_THREADS": "64"}),
     "adam": ("cpu_grid_test_cuda_adam", {}, {"RINGZERO_CPU_GRID_THREADS": "64"}),
+    "timeout": ("cpu_grid_test_cuda_timeout", {}, {"RINGZERO_CPU_GRID_THREADS": "64"}),
 }
 
 
@@ -133,7 +138,7 @@ def main():
     for tsan, b in builds.items():
         configure(src, b, tsan)
     print("baseline (no defect):", flush=True)
-    for test in sorted({m[5] for m in MUTANTS}):
+    for test in sorted({m[5] for m in MUTANTS if not args.only or m[0] == args.only}):
         for tsan in (False, True):
             caught, out = build_and_test(builds[tsan], test, tsan)
             print(f"  {test} {'TSan' if tsan else 'plain'}: {'FAILS: ' + caught if caught else 'passes'}", flush=True)
