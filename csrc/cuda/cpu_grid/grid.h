@@ -163,16 +163,24 @@ struct alignas(2) __nv_bfloat16 {
 struct alignas(2) __half {
   uint16_t bits;
 };
-
-inline float __bfloat162float(__nv_bfloat16 h) {
-  const uint32_t x = static_cast<uint32_t>(h.bits) << 16;
+namespace ringzero::cpu_grid {
+inline uint32_t f32_bits(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  return x;
+}
+inline float f32_of_bits(uint32_t x) {
   float f;
   std::memcpy(&f, &x, 4);
   return f;
 }
+}  // namespace ringzero::cpu_grid
+
+inline float __bfloat162float(__nv_bfloat16 h) {
+  return ::ringzero::cpu_grid::f32_of_bits(static_cast<uint32_t>(h.bits) << 16);
+}
 inline __nv_bfloat16 __float2bfloat16_rn(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
+  uint32_t x = ::ringzero::cpu_grid::f32_bits(f);
   if ((x & 0x7fffffffu) > 0x7f800000u) return {static_cast<uint16_t>((x >> 16) | 0x40)};  // quiet NaN
   x += 0x7fffu + ((x >> 16) & 1u);
   return {static_cast<uint16_t>(x >> 16)};
@@ -193,13 +201,10 @@ inline float __half2float(__half h) {
     while (!(mant & 0x400u)) mant <<= 1, --e;
     x = sign | (e << 23) | ((mant & 0x3ffu) << 13);
   }
-  float f;
-  std::memcpy(&f, &x, 4);
-  return f;
+  return ::ringzero::cpu_grid::f32_of_bits(x);
 }
 inline __half __float2half_rn(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
+  const uint32_t x = ::ringzero::cpu_grid::f32_bits(f);
   const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
   const uint32_t exp = (x >> 23) & 0xffu, mant = x & 0x7fffffu;
   if (exp == 0xff) return {static_cast<uint16_t>(sign | 0x7c00u | (mant ? 0x200u | (mant >> 13) : 0u))};
