@@ -25,7 +25,6 @@ NOT_FROM_ENV = {
     "RINGZERO_FUZZ_SEED": "test time: the seed of the CUDA fuzz tests (C++ and Python)",
     "RINGZERO_FUZZ_CASES": "test time: how many cases the CUDA fuzz tests run",
     "RINGZERO_FUZZ_TIMEOUT_S": "test time: the kernels' wait timeout in the C++ CUDA fuzz",
-    "RINGZERO_CUDA_TEST_QUICK": "test time: test_cuda's small sizes only (the ThreadSanitizer run)",
     "RINGZERO_CPU_GRID_SMS": "the CPU grid (C++ test builds of the CUDA kernels): read by csrc/cuda/cpu_grid",
     "RINGZERO_CPU_GRID_CHAOS": "the CPU grid: read by csrc/cuda/cpu_grid",
     "RINGZERO_CPU_GRID_THREADS": "the CPU grid: read by csrc/cuda/cpu_grid",

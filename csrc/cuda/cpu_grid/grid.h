@@ -19,7 +19,9 @@
 //   stores, volatile flag reads and atomicCAS/atomicAdd are relaxed atomics, __threadfence_system is a
 //   seq_cst fence. __syncthreads is the block's barrier (a release by every arriving thread, an
 //   acquire by every leaving one). Under ThreadSanitizer every fiber is a TSan thread of its own and
-//   switches carry no synchronisation, so a missing __syncthreads is reported as a race too.
+//   switches carry no synchronisation, so a missing __syncthreads is reported as a race too. TSan
+//   does not model fences (gcc warns): the kernels' one __threadfence_system orders the timeout record
+//   for the host, which reads it after the launch's threads have joined, so nothing rests on it there.
 // - __shared__ is thread_local: one copy per block's OS thread, shared by its fibers.
 // - Streams run their work at once, in the calling host thread (a launch returns when its grid has
 //   finished); a stream under capture records it into a graph that cudaGraphLaunch replays. Events
