@@ -7,6 +7,8 @@ set(_cpu_grid_gen ${CMAKE_CURRENT_BINARY_DIR}/cpu_grid)
 set(RINGZERO_CPU_GRID_CU adam reduce oneshot twoshot ring)
 set(_cpu_grid_sources
   csrc/cuda/cpu_grid/grid.cpp
+  csrc/cuda/cpu_grid/runtime.cpp
+  csrc/cuda/cpu_grid/fiber.cpp
   csrc/cuda/peer_comm.cpp
   csrc/nccl/loopback.cpp
   csrc/nccl/ring_driver.cpp

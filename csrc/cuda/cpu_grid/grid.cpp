@@ -1,6 +1,6 @@
-// The CPU grid's executor and runtime ([Note: the CPU grid's execution model] in grid.h): blocks on OS
-// threads, CUDA threads as fibers with a cooperative scheduler per block, optional chaos (random
-// yields, stalls and fiber order), and the runtime API subset over host memory.
+// The CPU grid's executor ([Note: the CPU grid's execution model] in grid.h): blocks on OS threads,
+// CUDA threads as fibers with a cooperative scheduler per block, optional chaos (random yields, stalls
+// and fiber order), launches and their log. The runtime API is in runtime.cpp.
 #include "cuda/cpu_grid/grid.h"
 
 #include <sched.h>
@@ -16,19 +16,10 @@
 #include <thread>
 #include <vector>
 
-#if defined(__SANITIZE_THREAD__)
-#define RINGZERO_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define RINGZERO_TSAN 1
-#endif
-#endif
+#include "cuda/cpu_grid/fiber.h"
+
 #if defined(RINGZERO_TSAN)
 #include <sanitizer/tsan_interface.h>
-#endif
-
-#if !defined(__x86_64__)
-#include <ucontext.h>
 #endif
 
 namespace ringzero::cpu_grid {
@@ -51,132 +42,6 @@ struct Settings {
 Settings& settings() {
   static Settings s;
   return s;
-}
-
-// ---- context switching ------------------------------------------------------------------------------
-// x86-64: a minimal switch of the callee-saved registers (plus mxcsr and the x87 control word); a few
-// ns, where swapcontext makes a system call per switch. Elsewhere: ucontext.
-#if defined(__x86_64__)
-extern "C" void ringzero_cpu_grid_switch(void** save_sp, void* load_sp);
-extern "C" void ringzero_cpu_grid_trampoline();
-asm(R"(
-.text
-.globl ringzero_cpu_grid_switch
-.type ringzero_cpu_grid_switch,@function
-ringzero_cpu_grid_switch:
-  pushq %rbp
-  pushq %rbx
-  pushq %r12
-  pushq %r13
-  pushq %r14
-  pushq %r15
-  subq $8, %rsp
-  stmxcsr (%rsp)
-  fnstcw 4(%rsp)
-  movq %rsp, (%rdi)
-  movq %rsi, %rsp
-  ldmxcsr (%rsp)
-  fldcw 4(%rsp)
-  addq $8, %rsp
-  popq %r15
-  popq %r14
-  popq %r13
-  popq %r12
-  popq %rbx
-  popq %rbp
-  ret
-.size ringzero_cpu_grid_switch,.-ringzero_cpu_grid_switch
-.globl ringzero_cpu_grid_trampoline
-.type ringzero_cpu_grid_trampoline,@function
-ringzero_cpu_grid_trampoline:
-  movq %r12, %rdi
-  callq *%r13
-  ud2
-.size ringzero_cpu_grid_trampoline,.-ringzero_cpu_grid_trampoline
-)");
-
-struct Context {
-  void* sp = nullptr;
-};
-void ctx_init(Context* c, char* stack, size_t bytes, void (*entry)(void*), void* arg) {
-  auto top = reinterpret_cast<uintptr_t>(stack + bytes) & ~uintptr_t(15);
-  auto* sp = reinterpret_cast<uint64_t*>(top - 64);
-  const uint32_t mxcsr = 0x1f80;
-  const uint16_t fpucw = 0x037f;
-  std::memcpy(sp, &mxcsr, 4);
-  std::memcpy(reinterpret_cast<char*>(sp) + 4, &fpucw, 2);
-  sp[1] = 0;                                       // r15
-  sp[2] = 0;                                       // r14
-  sp[3] = reinterpret_cast<uint64_t>(entry);       // r13
-  sp[4] = reinterpret_cast<uint64_t>(arg);         // r12
-  sp[5] = 0;                                       // rbx
-  sp[6] = 0;                                       // rbp
-  sp[7] = reinterpret_cast<uint64_t>(&ringzero_cpu_grid_trampoline);
-  c->sp = sp;
-}
-inline void ctx_switch(Context* from, Context* to) { ringzero_cpu_grid_switch(&from->sp, to->sp); }
-#else
-struct Context {
-  ucontext_t uc;
-};
-thread_local void (*t_entry)(void*);
-thread_local void* t_arg;
-void ucontext_entry() { t_entry(t_arg); }
-void ctx_init(Context* c, char* stack, size_t bytes, void (*entry)(void*), void* arg) {
-  getcontext(&c->uc);
-  c->uc.uc_stack.ss_sp = stack;
-  c->uc.uc_stack.ss_size = bytes;
-  c->uc.uc_link = nullptr;
-  makecontext(&c->uc, ucontext_entry, 0);
-  t_entry = entry;  // read at the first switch into it, on this OS thread
-  t_arg = arg;
-}
-inline void ctx_switch(Context* from, Context* to) { swapcontext(&from->uc, &to->uc); }
-#endif
-
-// ---- fiber stacks: one arena per block, kept in a pool -----------------------------------------------
-#if defined(RINGZERO_TSAN)
-constexpr size_t kStackBytes = 256u << 10;  // instrumented frames are larger
-#else
-constexpr size_t kStackBytes = 64u << 10;
-#endif
-// One guard page below the arena, none between stacks: a guard per stack would cost two memory maps
-// per fiber, and 64 blocks x 512 threads would pass the kernel's limit on maps (vm.max_map_count).
-constexpr size_t kGuardBytes = 4096;
-
-struct Arena {
-  char* base = nullptr;
-  size_t fibers = 0;
-  char* stack(size_t i) const { return base + kGuardBytes + i * kStackBytes; }
-};
-std::mutex g_arena_mu;
-std::vector<Arena> g_arenas;
-
-Arena take_arena(size_t fibers) {
-  {
-    std::lock_guard<std::mutex> lock(g_arena_mu);
-    for (size_t i = 0; i < g_arenas.size(); ++i)
-      if (g_arenas[i].fibers >= fibers) {
-        Arena a = g_arenas[i];
-        g_arenas.erase(g_arenas.begin() + static_cast<long>(i));
-        return a;
-      }
-  }
-  Arena a;
-  a.fibers = fibers;
-  const size_t bytes = kGuardBytes + fibers * kStackBytes;
-  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (p == MAP_FAILED) {
-    std::fprintf(stderr, "ringzero cpu_grid: mmap of %zu fiber stacks failed\n", fibers);
-    std::abort();
-  }
-  a.base = static_cast<char*>(p);
-  mprotect(a.base, kGuardBytes, PROT_NONE);
-  return a;
-}
-void give_arena(const Arena& a) {
-  std::lock_guard<std::mutex> lock(g_arena_mu);
-  g_arenas.push_back(a);
 }
 
 // ---- one block: fibers and their scheduler ---------------------------------------------------------
@@ -412,26 +277,8 @@ std::string short_name(const char* pretty) {
   return s;
 }
 
-thread_local cudaError_t t_last_error = cudaSuccess;
-
-cudaError_t fail(cudaError_t e) {
-  t_last_error = e;
-  return e;
-}
-
 }  // namespace
 }  // namespace ringzero::cpu_grid
-
-struct CUgraph_st {
-  std::vector<std::function<void()>> work;
-};
-struct CUgraphExec_st {
-  std::vector<std::function<void()>> work;
-};
-struct CUstream_st {
-  CUgraph_st* capture = nullptr;  // non-null while capturing
-};
-struct CUevent_st {};
 
 namespace ringzero::cpu_grid {
 
@@ -475,6 +322,7 @@ uint64_t* shuffle_slots() {
   return f ? f->block->shuffle.data() : nullptr;
 }
 
+int multiprocessors() { return std::max(1, settings().sms); }
 void set_chaos(uint64_t seed) { settings().chaos.store(seed); }
 uint64_t chaos_seed() { return settings().chaos.load(); }
 void set_block_threads(unsigned threads) { settings().block_threads.store(threads); }
@@ -495,20 +343,11 @@ void write_kernel_log() {
   std::fclose(out);
 }
 
-cudaError_t enqueue(cudaStream_t stream, std::function<void()> work) {
-  if (stream && stream->capture) {
-    stream->capture->work.push_back(std::move(work));
-  } else {
-    work();
-  }
-  return cudaSuccess;
-}
-
 cudaError_t launch(const char* kernel, dim3 grid, dim3 block, cudaStream_t stream, std::function<void()> body) {
   if (const unsigned t = block_threads()) block = dim3(t);
   const size_t threads = static_cast<size_t>(block.x) * block.y * block.z;
   if (threads == 0 || threads > 1024 || grid.x == 0 || grid.y == 0 || grid.z == 0)
-    return fail(cudaErrorInvalidConfiguration);
+    return record_error(cudaErrorInvalidConfiguration);
   const std::string name = short_name(kernel);
   {
     std::lock_guard<std::mutex> lock(g_kernels_mu);
@@ -520,133 +359,3 @@ cudaError_t launch(const char* kernel, dim3 grid, dim3 block, cudaStream_t strea
 }
 
 }  // namespace ringzero::cpu_grid
-
-// ---- the runtime API -----------------------------------------------------------------------------------
-using ringzero::cpu_grid::enqueue;
-using ringzero::cpu_grid::fail;
-
-const char* cudaGetErrorString(cudaError_t e) {
-  switch (e) {
-    case cudaSuccess: return "no error (CPU grid)";
-    case cudaErrorInvalidValue: return "invalid argument (CPU grid)";
-    case cudaErrorMemoryAllocation: return "out of memory (CPU grid)";
-    case cudaErrorInvalidConfiguration: return "invalid configuration argument (CPU grid)";
-    case cudaErrorNoDevice: return "no CUDA-capable device is detected (CPU grid)";
-    case cudaErrorCooperativeLaunchTooLarge: return "too many blocks in cooperative launch (CPU grid)";
-    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing (CPU grid)";
-  }
-  return "unknown error (CPU grid)";
-}
-cudaError_t cudaGetLastError() {
-  const cudaError_t e = ringzero::cpu_grid::t_last_error;
-  ringzero::cpu_grid::t_last_error = cudaSuccess;
-  return e;
-}
-cudaError_t cudaGetDeviceCount(int* n) {
-  *n = 1;
-  return cudaSuccess;
-}
-cudaError_t cudaGetDevice(int* d) {
-  *d = 0;
-  return cudaSuccess;
-}
-cudaError_t cudaSetDevice(int d) { return d == 0 ? cudaSuccess : fail(cudaErrorInvalidValue); }
-cudaError_t cudaDeviceGetAttribute(int* v, cudaDeviceAttr attr, int) {
-  if (attr != cudaDevAttrMultiProcessorCount) return fail(cudaErrorInvalidValue);
-  *v = ringzero::cpu_grid::settings().sms;
-  return cudaSuccess;
-}
-cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }  // every stream's work has run already
-
-cudaError_t cudaMalloc(void** p, size_t bytes) {
-  // Fresh device memory holds garbage: a pattern, so a read of what nobody wrote shows.
-  if (posix_memalign(p, 256, bytes ? bytes : 1) != 0) return fail(cudaErrorMemoryAllocation);
-  std::memset(*p, 0xa5, bytes);
-  return cudaSuccess;
-}
-cudaError_t cudaFree(void* p) {
-  std::free(p);
-  return cudaSuccess;
-}
-cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned) { return cudaMalloc(p, bytes); }
-cudaError_t cudaHostGetDevicePointer(void** d, void* h, unsigned) {
-  *d = h;
-  return cudaSuccess;
-}
-cudaError_t cudaFreeHost(void* p) { return cudaFree(p); }
-cudaError_t cudaMemset(void* p, int v, size_t bytes) {
-  std::memset(p, v, bytes);
-  return cudaSuccess;
-}
-cudaError_t cudaMemsetAsync(void* p, int v, size_t bytes, cudaStream_t s) {
-  return enqueue(s, [=] { std::memset(p, v, bytes); });
-}
-cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) {
-  std::memmove(dst, src, bytes);
-  return cudaSuccess;
-}
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind, cudaStream_t s) {
-  return enqueue(s, [=] { std::memmove(dst, src, bytes); });
-}
-cudaError_t cudaStreamCreate(cudaStream_t* s) {
-  *s = new CUstream_st;
-  return cudaSuccess;
-}
-cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) { return cudaStreamCreate(s); }
-cudaError_t cudaStreamDestroy(cudaStream_t s) {
-  delete s;
-  return cudaSuccess;
-}
-cudaError_t cudaStreamSynchronize(cudaStream_t s) {
-  return s && s->capture ? fail(cudaErrorStreamCaptureUnsupported) : cudaSuccess;
-}
-cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned) { return cudaSuccess; }
-cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode) {
-  if (!s || s->capture) return fail(cudaErrorInvalidValue);
-  s->capture = new CUgraph_st;
-  return cudaSuccess;
-}
-cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t* g) {
-  if (!s || !s->capture) return fail(cudaErrorInvalidValue);
-  *g = s->capture;
-  s->capture = nullptr;
-  return cudaSuccess;
-}
-cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t g, unsigned long long) {
-  *exec = new CUgraphExec_st{g->work};
-  return cudaSuccess;
-}
-cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
-  for (const auto& w : exec->work) enqueue(s, w);
-  return cudaSuccess;
-}
-cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
-  delete exec;
-  return cudaSuccess;
-}
-cudaError_t cudaGraphDestroy(cudaGraph_t g) {
-  delete g;
-  return cudaSuccess;
-}
-cudaError_t cudaEventCreate(cudaEvent_t* e) {
-  *e = new CUevent_st;
-  return cudaSuccess;
-}
-cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) { return cudaEventCreate(e); }
-cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
-cudaError_t cudaEventDestroy(cudaEvent_t e) {
-  delete e;
-  return cudaSuccess;
-}
-// One process: a handle carries the pointer (CPU-grid "ranks" are threads of this process).
-cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* h, void* p) {
-  std::memset(h, 0, sizeof *h);
-  std::memcpy(h->reserved, &p, sizeof p);
-  return cudaSuccess;
-}
-cudaError_t cudaIpcOpenMemHandle(void** p, cudaIpcMemHandle_t h, unsigned) {
-  std::memcpy(p, h.reserved, sizeof *p);
-  return *p ? cudaSuccess : fail(cudaErrorInvalidValue);
-}
-cudaError_t cudaIpcCloseMemHandle(void*) { return cudaSuccess; }

@@ -316,6 +316,10 @@ namespace ringzero::cpu_grid {
 cudaError_t launch(const char* kernel, dim3 grid, dim3 block, cudaStream_t stream, std::function<void()> body);
 // Enqueues host work on a stream: now, or into the graph under capture.
 cudaError_t enqueue(cudaStream_t stream, std::function<void()> work);
+// Sets what cudaGetLastError returns next (this host thread), and returns e.
+cudaError_t record_error(cudaError_t e);
+// The emulated device's multiprocessors (RINGZERO_CPU_GRID_SMS), one resident block each.
+int multiprocessors();
 
 template <auto K> const char* kernel_name() { return __PRETTY_FUNCTION__; }
 
