@@ -189,8 +189,8 @@ template <class T> __device__ __forceinline__ void copy_block(T* dst, const T* s
 // publishing its own stuck_on (it is waiting for that peer now, whether or not its own clock has run
 // out: simulated ranks share one claim, and a rank that gave up silently would be named as the
 // culprit by the chain below, as the CPU grid showed for a ring of 4 with rank 2 missing), so a launch
-// with a missing peer ends about timeout_ns after its first wait began; a kernel never waits on the host. The host reads
-// RunStatus after the collective and raises CommTimeout naming the missing rank (peer_comm.cpp,
+// with a missing peer ends about timeout_ns after its first wait began; a kernel never waits on the
+// host. The host reads RunStatus after the collective and raises CommTimeout naming the missing rank (peer_comm.cpp,
 // comm/cuda.py); the counters of the ranks no longer agree, so the communicator refuses every later
 // launch. Memory order: the record's fields, then __threadfence_system, then the code (the host reads
 // the code first); stuck_on is a st.release.sys read with ld.acquire.sys by peers.

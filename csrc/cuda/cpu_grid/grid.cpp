@@ -4,7 +4,6 @@
 #include "cuda/cpu_grid/grid.h"
 
 #include <sched.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>

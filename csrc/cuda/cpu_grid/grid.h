@@ -131,6 +131,20 @@ template <class T> inline T __shfl_xor_sync(unsigned, T v, int lane_mask) {
 template <class T> inline T __ldcg(const T* p) { return *p; }
 template <class T> inline void __stcg(T* p, T v) { *p = v; }
 
+// Bit casts of float32 (atomicAdd's CAS loop, the 16-bit conversions below).
+namespace ringzero::cpu_grid {
+inline uint32_t f32_bits(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  return x;
+}
+inline float f32_of_bits(uint32_t x) {
+  float f;
+  std::memcpy(&f, &x, 4);
+  return f;
+}
+}  // namespace ringzero::cpu_grid
+
 // Device atomics: relaxed, as CUDA's atomicCAS/atomicAdd are.
 inline unsigned atomicCAS(unsigned* p, unsigned expected, unsigned desired) {
   ::ringzero::cpu_grid::sync_point();
@@ -139,19 +153,12 @@ inline unsigned atomicCAS(unsigned* p, unsigned expected, unsigned desired) {
 }
 inline float atomicAdd(float* p, float v) {
   ::ringzero::cpu_grid::sync_point();
+  using ::ringzero::cpu_grid::f32_bits, ::ringzero::cpu_grid::f32_of_bits;
   uint32_t old = __atomic_load_n(reinterpret_cast<uint32_t*>(p), __ATOMIC_RELAXED);
-  for (;;) {
-    float f;
-    std::memcpy(&f, &old, 4);
-    f += v;
-    uint32_t next;
-    std::memcpy(&next, &f, 4);
-    if (__atomic_compare_exchange_n(reinterpret_cast<uint32_t*>(p), &old, next, false, __ATOMIC_RELAXED,
-                                    __ATOMIC_RELAXED)) {
-      std::memcpy(&f, &old, 4);
-      return f;
-    }
+  while (!__atomic_compare_exchange_n(reinterpret_cast<uint32_t*>(p), &old, f32_bits(f32_of_bits(old) + v), false,
+                                      __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
   }
+  return f32_of_bits(old);  // the value before the add, as CUDA's atomicAdd returns
 }
 
 inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
@@ -165,18 +172,6 @@ struct alignas(2) __nv_bfloat16 {
 struct alignas(2) __half {
   uint16_t bits;
 };
-namespace ringzero::cpu_grid {
-inline uint32_t f32_bits(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  return x;
-}
-inline float f32_of_bits(uint32_t x) {
-  float f;
-  std::memcpy(&f, &x, 4);
-  return f;
-}
-}  // namespace ringzero::cpu_grid
 
 inline float __bfloat162float(__nv_bfloat16 h) {
   return ::ringzero::cpu_grid::f32_of_bits(static_cast<uint32_t>(h.bits) << 16);
