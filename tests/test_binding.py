@@ -93,3 +93,87 @@ def test_launcher_binds_ranks_to_disjoint_cpus_and_keeps_spinning(tmp_path, npro
     for row in rows:
         assert row["local_cpus"] == len(union)
         assert row["spin"] is (nproc <= len(union))  # bound to one cpu each, the ranks still spin
+
+
+# Under torchrun nobody binds: the first setup of a job-wide group does ([Note: binding at setup] in
+# comm/affinity.py). Reference: each thread's Cpus_allowed_list as the kernel reports it.
+_TORCHRUN_SCRIPT = r"""
+import json, os, sys
+import torch, torch.distributed as dist
+import ringzero
+
+path, backend, user_mask = sys.argv[1], sys.argv[2], sys.argv[3]
+rank = int(os.environ["RANK"])
+if user_mask:  # the user binds each rank before init: rank r to the r-th comma-separated set
+    os.sched_setaffinity(0, {int(c) for c in user_mask.split(";")[rank].split(",")})
+dist.init_process_group(backend)
+after_init = sorted(os.sched_getaffinity(0))
+x = torch.ones(3)
+ringzero.all_reduce(x)
+threads = {}
+for tid in os.listdir("/proc/self/task"):
+    try:
+        with open(f"/proc/self/task/{tid}/status") as f:
+            threads[tid] = next(l.split(":")[1].strip() for l in f if l.startswith("Cpus_allowed_list"))
+    except (OSError, StopIteration):
+        pass
+row = {"after_init": after_init, "cpus": sorted(os.sched_getaffinity(0)), "threads": threads,
+       "torch_threads": torch.get_num_threads(), "sum": x.tolist()}
+with open(f"{path}.{rank}", "w") as f:
+    json.dump(row, f)
+ringzero.destroy_communicators()
+dist.destroy_process_group()
+"""
+
+
+def _torchrun(tmp_path, nproc, backend, env_extra=None, user_mask=""):
+    script = tmp_path / "torchrun_probe.py"
+    script.write_text(_TORCHRUN_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if k != "RINGZERO_BIND_CORES"}
+    env.update({"OMP_NUM_THREADS": "2", **(env_extra or {})})
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+                          str(script), str(tmp_path / "row"), backend, user_mask],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return [json.loads((tmp_path / f"row.{r}").read_text()) for r in range(nproc)]
+
+
+def _cpu_list(text: str) -> list[int]:
+    cpus = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        cpus += range(int(lo), int(hi or lo) + 1)
+    return cpus
+
+
+needs_two_cpus = pytest.mark.skipif(len(CPUS) < 2, reason="binding two ranks apart needs two cpus")
+
+
+@needs_two_cpus
+@pytest.mark.parametrize("backend", ["gloo", "ringzero"])
+def test_torchrun_ranks_are_bound_at_setup_every_thread(tmp_path, backend):
+    rows = _torchrun(tmp_path, 2, backend)
+    for r, row in enumerate(rows):
+        want = core_share(CPUS, r, 2)
+        assert row["sum"] == [2.0] * 3
+        assert row["cpus"] == want, row
+        if backend == "ringzero":  # the backend's own setup, inside init_process_group, binds
+            assert row["after_init"] == want, row
+        assert all(_cpu_list(c) == want for c in row["threads"].values()), row  # gloo's threads too
+        assert row["torch_threads"] == min(2, len(want))  # cut to the share, never raised
+
+
+@needs_two_cpus
+def test_torchrun_binding_opt_out_and_user_masks_are_left_alone(tmp_path):
+    rows = _torchrun(tmp_path, 2, "gloo", {"RINGZERO_BIND_CORES": "0"})
+    assert [row["cpus"] for row in rows] == [CPUS, CPUS]
+    masks = [CPUS, CPUS[1:2]]  # the user bound the ranks differently: not ours to change
+    rows = _torchrun(tmp_path, 2, "gloo", user_mask=";".join(",".join(map(str, m)) for m in masks))
+    assert [row["cpus"] for row in rows] == masks
+    assert all(row["sum"] == [2.0] * 3 for row in rows)
+
+
+def test_torchrun_more_ranks_than_cpus_are_not_bound(tmp_path):
+    nproc = len(CPUS) + 1
+    rows = _torchrun(tmp_path, nproc, "gloo")
+    assert [row["cpus"] for row in rows] == [CPUS] * nproc

@@ -10,6 +10,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from .comm.affinity import core_share
+
 
 def under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
@@ -91,17 +93,6 @@ def _round_prefix(store, rank: int, world: int) -> str:
                                    f"{ROUND_TIMEOUT_S} s")
             time.sleep(0.05)
     return f"ringzero/round-{this_round}"
-
-
-def core_share(cpus, local_rank: int, local_world: int) -> list[int] | None:
-    """The cpus local rank `local_rank` of `local_world` binds to: the local_rank-th of local_world equal,
-    contiguous shares of `cpus` (sorted; a remainder is left unused, as Open MPI's binding does); None when
-    there are fewer cpus than ranks (then nothing is bound)."""
-    cpus = sorted(cpus)
-    share = len(cpus) // max(1, local_world)
-    if share < 1 or not 0 <= local_rank < local_world:
-        return None
-    return cpus[local_rank * share:(local_rank + 1) * share]
 
 
 def _bind(local_world: int) -> int:

@@ -79,6 +79,10 @@ def _create_backend(dist_opts, backend_options=None):
         timeout = datetime.timedelta(seconds=float(timeout))
     env = from_env()
     config = backend_config(env, timeout)  # validated before any inner backend is built
+    # The host exchange that places the ranks on cpus ([Note: binding at setup], comm/affinity.py); the
+    # C++ backend meets its host's ranks on its own, for the shared-memory segment.
+    HostGroup.from_store(dist.PrefixStore("placement/", store), rank, size, env, config.timeout_s,
+                         "ringzero: placing the ranks on cpus (init_process_group)")
     gloo = ProcessGroupGloo(dist.PrefixStore("gloo/", store), rank, size, timeout)
     cuda = _inner_cuda_backend(store, rank, size, timeout)
     setup = None

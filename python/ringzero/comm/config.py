@@ -39,10 +39,11 @@ class Config:
     host_id: str = ""
     """RINGZERO_HOST_ID: forced host identity (ranks with equal ids share memory); empty: the real one."""
     bind_cores: bool = True
-    """RINGZERO_BIND_CORES: ringzero's launcher (ringzero train/bench, launch.launch) binds each local rank to
-    its own equal share of the cpus it may use (launch.core_share), as Open MPI binds by default; 0 leaves
-    placement to the scheduler. Unbound, the guest scheduler of the 2-core VM sometimes put both ranks on
-    one vCPU for a while, and each wait of a small collective then cost ~20 us (2026-11-25)."""
+    """RINGZERO_BIND_CORES: each local rank runs on its own equal share of the cpus (comm/affinity.py), as
+    Open MPI binds by default: ringzero's launcher binds before the rank starts; under other launchers
+    (torchrun) the first setup of a job-wide group binds where no rank was bound and there is a cpu per
+    rank ([Note: binding at setup]). 0 leaves placement to the scheduler. Unbound, the guest scheduler of
+    the 2-core VM sometimes put both ranks on one vCPU, and each small collective's wait cost ~20 us."""
     debug: bool = False
     """RINGZERO_DEBUG: fingerprint every collective on the network paths too (one small all-gather per call)."""
     flight_dir: str = ""

@@ -13,6 +13,7 @@ import pickle
 
 import torch.distributed as dist
 
+from .affinity import bind_at_setup
 from .config import DEFAULT_TIMEOUT_S, Config, from_env
 from .errors import CommError, CommTimeout
 from .topology import Topology, host_id
@@ -100,8 +101,13 @@ class HostGroup:
         self.topology = Topology.from_host_ids(rank, [host for host, _, _ in infos])
         # The cpus this host's ranks may run on, together: whether each can have a core of its own
         # (ShmComm.set_host_cpus) does not show in one rank's affinity once a launcher has bound them.
-        self.local_cpus = len(set().union(*({int(c) for c in infos[r][2].split(",") if c}
-                                            for r in self.topology.local_ranks)))
+        local = self.topology.local_ranks
+        masks = [{int(c) for c in infos[r][2].split(",") if c} for r in local]
+        self.local_cpus = len(set().union(*masks))
+        # A group spanning the job holds all of this host's ranks; none is set up while the default
+        # group is still being made (the c10d backend's own setup), which spans the job too.
+        whole_job = not dist.is_initialized() or world == dist.get_world_size()
+        self.bound_cpus = bind_at_setup(config.bind_cores, whole_job, local.index(rank), masks)
 
     def share_segment(self, key: str, create, open_):
         """A shared-memory object of this host's ranks (topology.local_ranks): the first of them calls
