@@ -64,3 +64,29 @@ def test_default_slot_fits_a_one_mib_l2_with_both_parities_and_a_peer_slice():
     slot = Config().shm_buffer_bytes
     assert slot == 256 << 10
     assert 3 * slot <= 1 << 20 and slot >= 64 << 10
+
+
+@pytest.mark.parametrize("min_bytes, bandwidth, round_trip_ns, world, want_s", [
+    (8, float("inf"), 80.0, 2, 40e-9),          # a tiny message: one cache line one way bounds it
+    (8 << 20, 8e9, 80.0, 2, (8 << 20) / 8e9),   # a large one: the bytes at the streaming bandwidth
+    (8, 1e9, None, 2, 8e-9),                    # ranks on one cpu: no cache-line bound
+    (8, float("inf"), 80.0, 1, 0.0),            # one rank talks to nobody
+])
+def test_bench_floor_is_the_larger_bound(min_bytes, bandwidth, round_trip_ns, world, want_s):
+    from ringzero.bench import floor_s
+
+    assert floor_s(min_bytes, bandwidth, round_trip_ns, world) == pytest.approx(want_s, abs=0)
+
+
+def test_bench_stream_probe_leaves_out_its_dispatch_cost():
+    # One rank (a world of one, gloo): an 8-byte probe is all torch dispatch, so it must not bound the
+    # bytes (the floor% of 105-119 at 8-512 bytes came from counting it as bandwidth); a 4 MiB probe
+    # measures a real, finite bandwidth.
+    code = ("import torch.distributed as dist\nfrom ringzero.bench import stream_bandwidth\n"
+            "dist.init_process_group('gloo', init_method='tcp://127.0.0.1:0', rank=0, world_size=1)\n"
+            "print(stream_bandwidth(4, 0.02), stream_bandwidth(4 << 20, 0.05))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    tiny, large = (float(v) for v in out.stdout.split())
+    assert tiny == float("inf")  # 1 element: nothing beyond the one-element op it is measured against
+    assert 1e8 < large < float("inf")

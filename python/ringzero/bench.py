@@ -6,13 +6,16 @@ Columns: size (bytes of the whole buffer, as nccl-tests counts it: all_reduce th
 the input, all_gather the output), count (elements of that buffer), time per call (the slowest rank),
 algbw = size / time and busbw = algbw x 2(n-1)/n (all_reduce) or x (n-1)/n (reduce_scatter, all_gather);
 the same for gloo on the same tensors (left out under --no-gloo), the speed ratio (gloo time / ringzero
-time), and floor%: the time to move the bytes that any algorithm must move per rank (read its input, write
-its output) at the streaming bandwidth of the same working set (stream_bandwidth: the better of a copy and
-an in-place pass, one thread per rank, all ranks at once), measured just before and just after the row
-(the better of the two), divided by the measured time. The probe streams as many bytes as the row's
-buffer, so a cache-resident size is held to cache speed and a DRAM size to DRAM speed: a collective also
-moves its data between the ranks' caches, so it can approach the floor, never pass it (a floor% above 100
-would mean the floor model is wrong). The header and footer give the cores' placement (core_placement).
+time), and floor%: the time no algorithm can beat, divided by the measured time. That floor is the larger
+of two bounds (floor_s): moving the bytes any algorithm must move per rank (read its input, write its
+output) at the streaming bandwidth of the same working set (stream_bandwidth: the better of a copy and an
+in-place pass, one thread per rank, all ranks at once, net of the probe's own per-call cost), measured just
+before and just after the row (the better of the two); and, with two or more ranks, one cache line from
+one rank's core to another's (half the round trip of core_round_trip_ns, measured before the rows), since
+every rank must learn something from another. The probe streams as many bytes as the row's buffer, so a
+cache-resident size is held to cache speed and a DRAM size to DRAM speed: a collective also moves its data
+between the ranks' caches, so it can approach the floor, never pass it (a floor% above 100 would mean the
+floor model is wrong). The header and footer give the cores' placement (core_placement).
 """
 from __future__ import annotations
 
@@ -85,17 +88,32 @@ def stream_bandwidth(nbytes: int = 64 << 20, budget_s: float = 0.5) -> float:
     an in-place pass (x *= 1) over one, which writes lines it has just read and so moves no line twice
     (a copy's first write to a line also reads it, which the in-place all-reduce never pays: measured
     with the copy alone, 16 and 64 MiB all-reduce showed floor% of 111-135 on 2026-11-25). Same working
-    set as a row of that size: from cache when it fits, else from DRAM."""
-    src = torch.ones(max(1, nbytes // 4))
-    dst = torch.empty_like(src)
+    set as a row of that size: from cache when it fits, else from DRAM.
+
+    Each pass's time is taken net of the same op's time on one element (torch's dispatch, ~1 us here:
+    left in, it made a copy of 8-512 bytes look slower than a whole collective, floor% 105-119). Where
+    that leaves nothing measurable the result is inf: the bytes then bound nothing (see floor_s)."""
+    src, one = torch.ones(max(1, nbytes // 4)), torch.ones(1)
+    dst, one_dst = torch.empty_like(src), torch.empty_like(one)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        t_copy = _timed(lambda: dst.copy_(src), budget_s, dist.barrier)
-        t_inplace = _timed(lambda: src.mul_(1.0), budget_s, dist.barrier)
+        net = []
+        for op in (lambda a, b: b.copy_(a), lambda a, b: a.mul_(1.0)):
+            t_one = _timed(lambda: op(one, one_dst), budget_s / 2, dist.barrier)
+            net.append(_timed(lambda: op(src, dst), budget_s, dist.barrier) - t_one)
     finally:
         torch.set_num_threads(threads)
-    return 2 * src.numel() * 4 / min(t_copy, t_inplace)
+    best = min(net)
+    return 2 * (src.numel() - 1) * 4 / best if best > 0 and src.numel() > 1 else float("inf")
+
+
+def floor_s(min_bytes: int, bandwidth: float, round_trip_ns: float | None, world: int) -> float:
+    """The time no algorithm can beat: `min_bytes` (what each rank must read and write) at `bandwidth`
+    (stream_bandwidth), and with two or more ranks one cache line from a rank's core to another's, half
+    `round_trip_ns` (core_round_trip_ns; None where the ranks share one cpu: no bound from it); the larger."""
+    one_way_s = (round_trip_ns or 0.0) * 1e-9 / 2 if world > 1 else 0.0
+    return max(min_bytes / bandwidth, one_way_s)
 
 
 # Round trips above this many ns mean the two cores do not share a last-level cache: on the 2-core VM
@@ -118,36 +136,38 @@ def placement_of(round_trips_ns) -> str:
     return "split" if all(split) else "one" if not any(split) else "mixed"
 
 
-def core_placement(pair=None) -> str:
+def core_placement(pair=None, ns: float | None = None) -> str:
     """How the first two cpus of this process's affinity set sit: "<ns> ns round trip (one L3)" or
-    "(separate L3s)", from core_round_trip_ns; "one cpu" when there is only one. A VM's host may move
-    its vCPUs between the two within a minute, and the large-message collectives run up to 2x slower on
-    separate last-level caches, so every benchmark of ours records it with its numbers."""
-    ns = core_round_trip_ns(pair)
+    "(separate L3s)", from core_round_trip_ns (or the `ns` given, measured on `pair`); "one cpu" when there
+    is only one. A VM's host may move its vCPUs between the two within a minute, and the large-message
+    collectives run up to 2x slower on separate last-level caches, so every benchmark of ours records it
+    with its numbers."""
+    ns = core_round_trip_ns(pair) if ns is None else ns
     if ns is None:
         return "one cpu"
     cpus = list(pair) if pair else sorted(os.sched_getaffinity(0))
     return f"{ns:.0f} ns round trip cpus {cpus[0]}-{cpus[1]} ({'separate L3s' if ns > SPLIT_CACHE_NS else 'one L3'})"
 
 
-def _placement_all_ranks() -> str:
+def _placement_all_ranks() -> tuple[str, float | None]:
     """core_placement() between the first cpus of ranks 0 and 1 (each bound to its own by the launcher,
-    launch.core_share), measured by rank 0 while the others wait in a gloo barrier (asleep, off the cores);
-    rank 0 may run on both cpus while it measures."""
+    comm.affinity.core_share) and the round trip in ns behind it (None: one cpu), measured by rank 0 while
+    the others wait in a gloo barrier (asleep, off the cores); rank 0 may run on both cpus while it measures."""
     firsts = [None] * dist.get_world_size()
     dist.all_gather_object(firsts, min(os.sched_getaffinity(0)))
-    text = [""]
+    result = [("", None)]
     if dist.get_rank() == 0:
         mine = os.sched_getaffinity(0)
         pair = firsts[:2] if len(firsts) > 1 and firsts[0] != firsts[1] else None
         if pair:
             os.sched_setaffinity(0, mine | set(pair))
         try:
-            text[0] = core_placement(pair)
+            ns = core_round_trip_ns(pair)
+            result[0] = (core_placement(pair, ns), ns)
         finally:
             os.sched_setaffinity(0, mine)
-    dist.broadcast_object_list(text, src=0)
-    return text[0]
+    dist.broadcast_object_list(result, src=0)
+    return result[0]
 
 
 def _calls(op: str, size: int, dtype, world: int, rank: int):
@@ -182,11 +202,12 @@ def run(args):
         print(f"# ringzero {ringzero.__version__} collectives benchmark | {datetime.date.today()} | {platform.node()} "
               f"| {platform.processor() or platform.machine()} | {os.cpu_count()} cpus | ranks {world} | dtype {args.dtype}"
               f" | reduce kernels {ringzero._C.reduce_isa()}")
-        print("# floor%: bytes each rank must read and write, at the streaming bandwidth (copy or in-place pass, "
-              "the better) of the same working set with all ranks streaming (before and after each row), over the time")
+        print("# floor%: the larger of (bytes each rank must read and write, at the streaming bandwidth of the same "
+              "working set with all ranks streaming, copy or in-place pass, the better, before and after each row) and "
+              "(one cache line between two ranks' cores: half the round trip below), over the time")
         print("# time: us per call (slowest rank); algbw, busbw: GB/s" +
               ("" if args.no_gloo else "; ratio = gloo time / ringzero time"))
-    placement = _placement_all_ranks()
+    placement, round_trip_ns = _placement_all_ranks()
     if rank == 0:
         print(f"# cores before: {placement}", flush=True)
     for op in args.ops:
@@ -206,14 +227,14 @@ def run(args):
             tg = None if args.no_gloo else _timed(gloo, args.budget_s, dist.barrier)
             if rank == 0:
                 f = BUS_FACTOR[op](world)
-                floor = min_bytes / bw / t
+                floor = floor_s(min_bytes, bw, round_trip_ns, world) / t
                 line = (f"{human(nbytes):>8} {count:>10} | {t * 1e6:>9.1f} {nbytes / t / 1e9:>7.2f} "
                         f"{nbytes / t / 1e9 * f:>7.2f} {100 * floor:>5.0f}%")
                 if tg is not None:
                     line += (f" | {tg * 1e6:>9.1f} {nbytes / tg / 1e9:>7.2f} {nbytes / tg / 1e9 * f:>7.2f} | "
                              f"{tg / t:>5.1f}x")
                 print(line, flush=True)
-    placement = _placement_all_ranks()
+    placement, _ = _placement_all_ranks()
     if rank == 0:
         print(f"\n# cores after: {placement}", flush=True)
 
