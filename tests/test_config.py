@@ -1,6 +1,7 @@
-"""comm/config.py, the one reader of the RINGZERO_* runtime variables. Reference: the README's tables
-(main and CUDA), which must list exactly the variables from_env reads, with the same defaults; and the
-source tree, in which no other file may read a RINGZERO_* variable. No processes are spawned."""
+"""comm/config.py, the one reader of the RINGZERO_* runtime variables. Reference: the tables of
+docs/environment.md (runtime and CUDA), which must list exactly the variables from_env reads, with the
+same defaults; and the source tree, in which no other file may read a RINGZERO_* variable. No processes
+are spawned."""
 from __future__ import annotations
 
 import dataclasses
@@ -16,8 +17,9 @@ from ringzero.comm.backend import backend_config
 from ringzero.comm.config import DEFAULT_TIMEOUT_S, VARIABLES, Config, from_env
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+ENVIRONMENT_DOC = ROOT / "docs" / "environment.md"
 
-# Documented in the README but read elsewhere, each for a reason.
+# Documented in docs/environment.md but read elsewhere, each for a reason.
 NOT_FROM_ENV = {
     "RINGZERO_CPU_ISA": "read by csrc/core/reduce.cpp when the kernels load (the C++ tests use it without Python)",
     "RINGZERO_FAULT": "test-time fault injection, read by trainer/faults.py at a training step",
@@ -29,30 +31,30 @@ NOT_FROM_ENV = {
     "RINGZERO_CPU_GRID_CHAOS": "the CPU grid: read by csrc/cuda/cpu_grid",
     "RINGZERO_CPU_GRID_THREADS": "the CPU grid: read by csrc/cuda/cpu_grid",
     "RINGZERO_CPU_GRID_KERNEL_LOG": "the CPU grid: read by csrc/cuda/cpu_grid (ctest's coverage check)",
-}  # Not in the README tables and not runtime settings: RINGZERO_COMPAT_TORCH, RINGZERO_TORCH_CACHE (the
+}  # Not in those tables and not runtime settings: RINGZERO_COMPAT_TORCH, RINGZERO_TORCH_CACHE (the
 # compatibility check), RINGZERO_HOST_IDS (tests/harness.py).
 
 
-def readme_rows() -> dict[str, str]:
-    """variable -> its default column, from every table row of the README that names one."""
+def documented_rows() -> dict[str, str]:
+    """variable -> its default column, from every table row of docs/environment.md that names one."""
     rows = {}
-    for line in (ROOT / "README.md").read_text().splitlines():
+    for line in ENVIRONMENT_DOC.read_text().splitlines():
         m = re.match(r"\|\s*`(RINGZERO_[A-Z0-9_]+)`\s*\|\s*([^|]*?)\s*\|", line)
         if m:
             rows[m.group(1)] = m.group(2)
     return rows
 
 
-def test_readme_tables_and_from_env_agree():
-    documented = set(readme_rows())
+def test_documented_tables_and_from_env_agree():
+    documented = set(documented_rows())
     read = set(VARIABLES)
     assert documented - read - set(NOT_FROM_ENV) == set(), "documented but not read by from_env"
-    assert read - documented == set(), "read by from_env but not in the README's tables"
+    assert read - documented == set(), "read by from_env but not in docs/environment.md's tables"
     assert not read & set(NOT_FROM_ENV)
 
 
-def test_readme_defaults_are_the_config_defaults():
-    rows, cfg = readme_rows(), Config()
+def test_documented_defaults_are_the_config_defaults():
+    rows, cfg = documented_rows(), Config()
     for name, field in VARIABLES.items():
         column, value = rows[name], getattr(cfg, field)
         if field == "timeout_s":
