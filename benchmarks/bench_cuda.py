@@ -17,7 +17,7 @@ Baselines on the same GPU, same process, same graph timing:
     per-call cost only: NCCL refuses two ranks on one GPU, so no multi-rank NCCL number here).
 Columns follow nccl-tests: size (per rank), count, dtype, time, algbw = size/time, busbw = algbw *
 2(n-1)/n. Times are per call, from a CUDA graph of `iters` back-to-back calls (launch overhead
-excluded, as for a captured model). Not done: torch.distributed NCCL on several GPUs (README).
+excluded, as for a captured model). Not done: torch.distributed NCCL on several GPUs (docs/cuda.md).
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ an off-by-one in a block's last slice, an epoch not bumped, a ring credit one sl
 per-slice partition, a dropped two-shot barrier, an unclaimed timeout record, a dropped Adam bias
 correction) rebuilds the CPU-grid tests and runs them: first the plain build (wrong values, a timeout,
 a crash), then, if that passed, the ThreadSanitizer build (a data race). Prints a table: every defect must be caught. Takes about 15
-minutes on 2 cores; not part of CI (README, status: the table of its last run).
+minutes on 2 cores; not part of CI (docs/status.md: the table of its last run).
 
     python3 tools/cpu_grid_mutations.py [--only NAME] [--keep]
 """
