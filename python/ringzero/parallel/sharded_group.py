@@ -1,5 +1,7 @@
 """One ZeRO flat group (a bucket for stages 1-2, a unit for stage 3): its float32 master shard, the
 gather of full parameters from the shards, and the reduction of gradients into the master shard.
+The group knows nothing of stages: its owner (zero_buckets.py, zero_units.py) picks the gradient
+reduction at construction and frees the full weights when it wants them sharded.
 
 Buffers (1D = flat, padded to a multiple of the world size; shard = 1/N of it):
   master        1D shard, float32, on master_device: the only copy of the weights that the optimizer steps
@@ -8,7 +10,8 @@ Buffers (1D = flat, padded to a multiple of the world size; shard = 1/N of it):
                 (kept between steps in stages 1-2; in stage 3 its storage is resized to 0 bytes when
                 freed and back when gathered, around each use)
   grad_flat     1D padded, reduce_dtype: this rank's gradients of the group, input of the reduction
-                (kept between steps in stage 1, where gradients are replicated; transient in 2-3)
+                (kept between steps under ALL_REDUCE, where gradients are replicated; transient under
+                REDUCE_SCATTER)
 """
 from __future__ import annotations
 
@@ -28,17 +31,24 @@ class ParamState(enum.Enum):
     UNSHARDED = "unsharded"    # module parameters are views of `full`
 
 
+class GradReduction(enum.Enum):
+    """How a group reduces its gradients; chosen once, when the group is built."""
+
+    ALL_REDUCE = "all_reduce"          # stage 1: grad_flat averaged in place, kept (replicated gradients)
+    REDUCE_SCATTER = "reduce_scatter"  # stages 2-3: averaged into a fresh shard; grad_flat dropped
+
+
 class ShardedGroup:
     """named_params: (name, Parameter) of this group, in flat order; every rank passes the same list.
 
     Takes over the parameters: their current values (float32 of them) become the master shard, and
-    their .data becomes views into `full` (or empty while sharded)."""
+    their .data becomes views into `full` (or empty while sharded). Starts UNSHARDED; free() shards it."""
 
-    def __init__(self, named_params, group, world: int, rank: int, stage: int, param_dtype: torch.dtype,
-                 reduce_dtype: torch.dtype, master_device: torch.device):
+    def __init__(self, named_params, group, world: int, rank: int, reduction: GradReduction,
+                 param_dtype: torch.dtype, reduce_dtype: torch.dtype, master_device: torch.device):
         self.layout = FlatLayout(named_params, world, rank)
         self._slots = {id(s.param): s for s in self.layout.slots}
-        self.group, self.stage = group, stage
+        self.group, self.reduction = group, reduction
         self.param_dtype, self.reduce_dtype = param_dtype, reduce_dtype
         params = self.layout.params
         self.compute_device = params[0].device if params else torch.device("cpu")
@@ -47,7 +57,7 @@ class ShardedGroup:
         self.state = ParamState.SHARDED
         self._gather_work = self._gather_input = None
         self.grad_flat = None
-        self._grad_view = None  # stage 1: the view of grad_flat handed to master.grad, if any
+        self._grad_view = None  # ALL_REDUCE: the view of grad_flat handed to master.grad, if any
         self._reduce_work = self._reduce_out = None
         # The module parameters are bound once, as views of `full`. Stage 3 frees `full` by resizing its
         # storage to zero bytes and gathers into the same storage again (as FSDP2 does): views that
@@ -59,8 +69,6 @@ class ShardedGroup:
         for s in self.layout.slots:
             s.param.data = self.layout.view(self.full, s)
         self.state = ParamState.UNSHARDED
-        if stage == 3:
-            self.free()
         self.gathered_version = self.master._version
 
     # ---- parameters ----------------------------------------------------------------------------
@@ -99,7 +107,7 @@ class ShardedGroup:
                                "backward")
 
     def free(self):
-        """Stage 3: releases the full weights (the module parameters must not be read until the next
+        """Releases the full weights; SHARDED after it (the module parameters must not be read until the next
         gather: forward and backward hooks gather before each use)."""
         if self.state is ParamState.GATHERING:
             self._wait_gather()
@@ -110,10 +118,10 @@ class ShardedGroup:
     def copy_grad_in(self, p: nn.Parameter, grad: torch.Tensor | None):
         """Puts one parameter's gradient (None: zeros) in grad_flat and drops param.grad."""
         if self.grad_flat is None:
-            # Stage 1 keeps the buffer (replicated gradients); padding stays zero because no slot covers it.
+            # ALL_REDUCE keeps the buffer (replicated gradients); padding stays zero because no slot covers it.
             self.grad_flat = torch.zeros(self.layout.padded_numel, dtype=self.reduce_dtype, device=self.compute_device)
         elif self._grad_view is not None:
-            # Stage 1, a backward after the reduction: if master.grad is still this rank's part of the
+            # ALL_REDUCE, a backward after the reduction: if master.grad is still this rank's part of the
             # buffer about to be overwritten (no zero_grad since), keep its value apart (finish_reduce
             # adds to it).
             if self._grad_is_view():
@@ -124,8 +132,9 @@ class ShardedGroup:
         p.grad = None
 
     def reduce_async(self):
-        """Stage 1: all-reduce (average) grad_flat in place; stages 2-3: reduce-scatter it into a shard."""
-        if self.stage == 1:
+        """Starts the reduction of grad_flat (average): ALL_REDUCE in place, REDUCE_SCATTER into a
+        fresh shard. Every rank of the group must call it, in the same order as its other collectives."""
+        if self.reduction is GradReduction.ALL_REDUCE:
             self._reduce_work = comm.all_reduce(self.grad_flat, op=ReduceOp.AVG, group=self.group, async_op=True)
         else:
             self._reduce_out = torch.empty(self.layout.shard_numel, dtype=self.reduce_dtype, device=self.compute_device)
@@ -139,18 +148,19 @@ class ShardedGroup:
             return
         self._reduce_work.wait()
         self._reduce_work = None
-        if self.stage == 1:
+        replicated = self.reduction is GradReduction.ALL_REDUCE
+        if replicated:
             shard = self.layout.shard(self.grad_flat)
         else:
             shard, self._reduce_out = self._reduce_out, None
-            self.grad_flat = None  # stages 2-3 keep only the shard
+            self.grad_flat = None  # REDUCE_SCATTER keeps only the shard
         m = self.master
         if m.grad is None:
             if shard.dtype == torch.float32 and shard.device == m.device:
-                # No copy: stages 2-3 get a fresh shard, stage 1 a view of this rank's part of grad_flat
-                # (copy_grad_in moves it out before another backward writes the buffer).
+                # No copy: REDUCE_SCATTER gives a fresh shard, ALL_REDUCE a view of this rank's part of
+                # grad_flat (copy_grad_in moves it out before another backward writes the buffer).
                 m.grad = shard
-                if self.stage == 1:
+                if replicated:
                     self._grad_view = shard
             else:
                 m.grad = shard.to(m.device, torch.float32, copy=True)

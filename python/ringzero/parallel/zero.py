@@ -12,6 +12,10 @@ this rank's shard. The training loop stays:
   stage 2: gradients reduce-scattered bucket by bucket during backward: only a shard is kept.
   stage 3: parameters sharded too; each unit is gathered just before its forward and its backward
            (the next one prefetched while the current one computes) and freed right after.
+
+This file holds the wrapper (arguments, the optimizer-facing side) and decides the stage once, at
+construction: it builds a ZeroSharding (zero_sharding.py): the buckets of zero_buckets.py for stages
+1-2 or the units of zero_units.py for stage 3, and delegates forward and backward to it.
 """
 from __future__ import annotations
 
@@ -24,17 +28,18 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from .clip import clip_grad_norm_
 from .ddp import broadcast_module_state, check_bucket_cap, resolve_group
-from .flat import bucket_params
-from .grad_ready import GradReadyTracker
-from .sharded_group import ParamState, ShardedGroup
-from .zero_units import UnitScheduler, resolve_units
+from .sharded_group import ShardedGroup
+from .zero_buckets import ReplicatedGradBuckets, ShardedGradBuckets
+from .zero_sharding import ShardSpec, ZeroSharding
+from .zero_units import ShardedUnits
 
 _LIVE: "weakref.WeakSet[ZeroDataParallel]" = weakref.WeakSet()
 
 
 def _mark_stepped(optimizer, args, kwargs):
-    # Any optimizer step that touched our master shards makes the gathered weights stale; this also
-    # covers optimizers whose kernels write memory without bumping tensor version counters.
+    # Any optimizer step that touched our master shards makes the gathered weights stale (the next
+    # forward gathers them); this also covers optimizers whose kernels write memory without bumping
+    # tensor version counters.
     if not _LIVE:  # the hook is global (every optimizer of the process): cost nothing without ZeRO
         return
     ids = {id(p) for group in optimizer.param_groups for p in group["params"]}
@@ -86,6 +91,7 @@ class ZeroDataParallel(nn.Module):
         _check_dtype(reduce_dtype, "reduce_dtype", allow_none=False)
         if unit is not None and stage != 3:
             raise ValueError(f"ZeroDataParallel: unit= applies to stage 3 only (got stage={stage}); drop unit or use stage=3")
+        cap_bytes = check_bucket_cap(bucket_cap_mb) if stage < 3 else None
         self.module = module
         self.stage = stage
         self.group = resolve_group(process_group, "ZeroDataParallel")
@@ -97,31 +103,21 @@ class ZeroDataParallel(nn.Module):
 
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         compute_device = named[0][1].device if named else torch.device("cpu")
-        master_device = torch.device("cpu") if offload_optimizer else compute_device
-
-        def make(group_named):
-            return ShardedGroup(group_named, self.group, self.world, self.rank, stage, self.param_dtype,
-                                reduce_dtype, master_device)
-
-        self.units = self.root = None
-        if stage < 3:
-            cap = check_bucket_cap(bucket_cap_mb)
-            self.groups = [make(b) for b in bucket_params(reversed(named), cap, lambda p: reduce_dtype)]
-            reduce_order = self.groups
+        spec = ShardSpec(self.group, self.world, self.rank, self.param_dtype, reduce_dtype,
+                         torch.device("cpu") if offload_optimizer else compute_device)
+        # The one place the stage is read: the sharding built here does the rest.
+        self.sharding: ZeroSharding
+        if stage == 3:
+            self.sharding = ShardedUnits(module, named, spec, unit, bool(prefetch), bool(reshard_after_forward))
         else:
-            unit_modules, unit_named, root_named = resolve_units(module, unit, named)
-            unit_groups = [make(u) for u in unit_named]
-            self.root = make(root_named) if root_named or not unit_groups else None
-            self.groups = unit_groups + ([self.root] if self.root is not None else [])
-            self.units = UnitScheduler(unit_modules, unit_groups, bool(prefetch), bool(reshard_after_forward))
-            # Backward produces the last unit's gradients first; the root (embedding) finishes last.
-            reduce_order = unit_groups[::-1] + ([self.root] if self.root is not None else [])
-        self._reduce_order = reduce_order
-        self._stale = False
-        self._pending: list[ShardedGroup] = []  # groups whose reduction is in flight
-        self._tracker = GradReadyTracker([g.layout.params for g in reduce_order], self._on_grad, self._launch,
-                                         self._on_missing, self._finish)
+            self.sharding = (ReplicatedGradBuckets if stage == 1 else ShardedGradBuckets)(named, spec, cap_bytes)
+        self._stale = False  # the masters were written behind their version counters (optimizer step, load)
         _LIVE.add(self)
+
+    @property
+    def groups(self) -> list[ShardedGroup]:
+        """Every flat group (bucket or unit), in the order of parameters() and of checkpoint entries."""
+        return self.sharding.groups
 
     # ---- parameters seen by the optimizer ------------------------------------------------------
     def named_parameters(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
@@ -135,77 +131,16 @@ class ZeroDataParallel(nn.Module):
 
     # ---- forward -------------------------------------------------------------------------------
     def forward(self, *args, **kwargs):
-        if self.stage < 3:
-            self.gather_params()
-            return self.module(*args, **kwargs)
-        if self.root is not None and self.root.state is ParamState.SHARDED:
-            self.root.gather_async()
-        self.units.begin_forward()  # prefetches the first unit behind the root's gather
-        if self.root is not None:
-            self.root.wait_gathered()
-        out = self.module(*args, **kwargs)
-        if not torch.is_grad_enabled() and self.root is not None:
-            self.root.free()  # no backward will come to free it
-        return out
+        """The wrapped module's forward. Every rank of the group must call it (it gathers weights)."""
+        self.gather_params()
+        return self.sharding.forward(self.module, args, kwargs)
 
     def gather_params(self):
         """Stages 1-2: all-gathers every shard that changed since the last gather into the module's
-        parameters (called by forward; call it before using self.module directly after a step)."""
-        if self.stage == 3:
-            return
-        stale = [g for g in self.groups if self._stale or g.master._version != g.gathered_version]
-        for g in stale:
-            g.gather_async()
-        for g in stale:
-            g.wait_gathered()
+        parameters (called by forward; call it before using self.module directly after a step).
+        Stage 3: nothing (each unit is gathered around its use). Every rank of the group must call it."""
+        self.sharding.gather_params(masters_changed=self._stale)
         self._stale = False
-
-    # ---- backward ------------------------------------------------------------------------------
-    def _on_grad(self, i: int, p: nn.Parameter, group_done: bool):
-        g = self._reduce_order[i]
-        if self.stage == 1:
-            g.copy_grad_in(p, p.grad)  # stage 1's flat buffer lives across steps: copy as soon as ready
-        elif group_done:
-            self._flatten_grads(g)
-        if group_done and self.stage == 3 and g is not self.root:
-            self.units.after_backward(g)
-
-    def _flatten_grads(self, g):
-        """Stages 2-3: a group's gradients wait in param.grad until the group has them all, and only then
-        move into its flat buffer. Allocating the buffer at the group's first gradient would add a whole
-        unit's gradients at the start of its backward, while all activations are still alive (the step's
-        peak); by the group's end its own activations are freed. Reductions launched before overlapped
-        with the backward since; finishing them first keeps one flat buffer alive at a time (FSDP2 on CPU
-        is as tight: its reductions are inline). A parameter without a gradient counts as zeros."""
-        self._finish_pending()
-        for q in g.layout.params:
-            g.copy_grad_in(q, q.grad)
-
-    def _launch(self, i: int):
-        self._reduce_order[i].reduce_async()
-        self._pending.append(self._reduce_order[i])
-
-    def _finish_pending(self):
-        for g in self._pending:
-            g.finish_reduce()
-        self._pending = []
-
-    def _on_missing(self, i: int, params):
-        g = self._reduce_order[i]
-        if self.stage == 1:
-            for p in params:
-                g.copy_grad_in(p, None)
-        else:
-            self._flatten_grads(g)  # the group's other gradients are still waiting in param.grad
-        if self.stage == 3 and g is not self.root:
-            self.units.after_backward(g)
-
-    def _finish(self):
-        self._finish_pending()
-        if self.stage == 3:
-            for g in self.groups:
-                if g.state is not ParamState.SHARDED:
-                    g.free()
 
     # ---- optimizer-side helpers ----------------------------------------------------------------
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:

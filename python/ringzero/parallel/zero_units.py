@@ -1,4 +1,6 @@
-"""ZeRO-3 units: which submodules are gathered as one, and the hooks that gather, prefetch and free them.
+"""ZeRO stage 3 (ShardedUnits): weights sharded too, in units (groups of submodules) gathered just
+before their forward and their backward (the next one prefetched while the current one computes) and
+freed right after; which submodules form a unit, and the hooks that gather, prefetch and free them.
 
 Order of events for unit i (each all-gather / reduce-scatter is issued in the same order on every
 rank, because it follows the module's forward order and autograd's backward order, which are equal
@@ -8,6 +10,7 @@ on all ranks for the same model):
                      free unit i (reshard_after_forward)
   output grad hook   gather unit i again (prefetched by unit i+1's); prefetch the previous unit
   last param grad    free unit i (its gradients are in the reduce-scatter buffer)
+The parameters outside every unit form the root group: gathered for the whole forward and backward.
 """
 from __future__ import annotations
 
@@ -17,7 +20,8 @@ import torch
 import torch.nn as nn
 from torch.utils._pytree import tree_leaves
 
-from .sharded_group import ParamState
+from .sharded_group import GradReduction, ParamState, ShardedGroup
+from .zero_sharding import ShardSpec, ZeroSharding
 
 
 def resolve_units(module: nn.Module, unit, named):
@@ -63,7 +67,8 @@ def resolve_units(module: nn.Module, unit, named):
 
 
 class UnitScheduler:
-    """Installs the stage-3 hooks on `modules` (groups[i] holds modules[i]'s parameters)."""
+    """Installs the stage-3 hooks on `modules` (groups[i] holds modules[i]'s parameters, SHARDED to
+    begin with): forward order is recorded each iteration and drives the next one's prefetch."""
 
     def __init__(self, modules, groups, prefetch: bool, reshard_after_forward: bool):
         self.modules, self.groups = modules, groups
@@ -122,3 +127,59 @@ class UnitScheduler:
         for h in self.handles:
             h.remove()
         self.handles = []
+
+
+class ShardedUnits(ZeroSharding):
+    """Stage 3 over `module`: one group per unit (resolve_units' `unit`), plus the root group of the
+    parameters outside every unit (the whole module when there are no units). Every group starts
+    SHARDED; gradients are reduce-scattered once a unit has them all (zero_sharding.py)."""
+
+    def __init__(self, module: nn.Module, named, spec: ShardSpec, unit, prefetch: bool, reshard_after_forward: bool):
+        unit_modules, unit_named, root_named = resolve_units(module, unit, named)
+        # Each group is freed as soon as it is built: a rank never holds more than one unit's full weights.
+        unit_groups = [self._sharded(spec.make(u, GradReduction.REDUCE_SCATTER)) for u in unit_named]
+        self.root = (self._sharded(spec.make(root_named, GradReduction.REDUCE_SCATTER))
+                     if root_named or not unit_groups else None)
+        root = [self.root] if self.root is not None else []
+        self.scheduler = UnitScheduler(unit_modules, unit_groups, prefetch, reshard_after_forward)
+        # Backward produces the last unit's gradients first; the root (embedding) finishes last.
+        super().__init__(unit_groups + root, reduce_order=unit_groups[::-1] + root)
+
+    @staticmethod
+    def _sharded(group: ShardedGroup) -> ShardedGroup:
+        group.free()
+        return group
+
+    def gather_params(self, masters_changed: bool):
+        """Nothing: each unit is gathered from its current master just before it is used."""
+
+    def forward(self, module: nn.Module, args, kwargs):
+        root = self.root
+        if root is not None and root.state is ParamState.SHARDED:
+            root.gather_async()
+        self.scheduler.begin_forward()  # prefetches the first unit behind the root's gather
+        if root is not None:
+            root.wait_gathered()
+        out = module(*args, **kwargs)
+        if not torch.is_grad_enabled() and root is not None:
+            root.free()  # no backward will come to free it
+        return out
+
+    def _on_grad(self, i: int, p: nn.Parameter, group_done: bool):
+        super()._on_grad(i, p, group_done)
+        if group_done:
+            self._after_backward(self.reduce_order[i])
+
+    def _on_missing(self, i: int, params):
+        super()._on_missing(i, params)
+        self._after_backward(self.reduce_order[i])
+
+    def _after_backward(self, g: ShardedGroup):
+        if g is not self.root:  # the root stays gathered until the end of backward
+            self.scheduler.after_backward(g)
+
+    def _finish(self):
+        super()._finish()
+        for g in self.groups:
+            if g.state is not ParamState.SHARDED:
+                g.free()
