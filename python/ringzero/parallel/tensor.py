@@ -10,10 +10,14 @@ linear and left through a row-parallel one:
     reduce_from_tensor_region   (g)     all-reduce SUM                 identity
     gather_from_sequence_shards         all-gather along `dim`         reduce-scatter along `dim`
     reduce_scatter_to_sequence_shards   reduce-scatter along `dim`     all-gather along `dim`
+    split_to_sequence_shards            keep this rank's block         all-gather along `dim`
+    gather_sequence_shards_replicated   all-gather along `dim`         keep this rank's block
 
-The last two replace f and g under sequence parallelism, where the activations between TP regions are
+The middle two replace f and g under sequence parallelism, where the activations between TP regions are
 sharded along the sequence (each rank holds T / tp positions): all-gather + reduce-scatter move the
 same bytes as the one all-reduce they replace, and layer norms and residuals run on 1/tp of the tokens.
+The last two enter and leave a sequence-parallel stretch from and to a replicated activation (the
+Hugging Face plans keep the embedding and the final norm replicated: parallel/hf_layers.py).
 Every operator is collective over its group: all ranks of `group` must call it with equal shapes. With
 a group of one rank every operator is the identity.
 """
@@ -81,6 +85,14 @@ def _reduce_scatter(x: torch.Tensor, group, dim: int) -> torch.Tensor:
     return out.movedim(0, dim)
 
 
+def _own_block(x: torch.Tensor, group, dim: int) -> torch.Tensor:
+    world = group_size(group)
+    if x.shape[dim] % world:
+        raise ValueError(f"split_to_sequence_shards: dimension {dim} has size {x.shape[dim]}, which the group "
+                         f"size {world} must divide (the sequence length must be a multiple of tp)")
+    return x.chunk(world, dim)[group_rank(group)].contiguous()
+
+
 class _Conjugate(torch.autograd.Function):
     """forward_op(x, group, dim) forward, backward_op(grad, group, dim) backward: each region operator
     is one row of the table in the module docstring."""
@@ -118,6 +130,19 @@ def reduce_scatter_to_sequence_shards(x: torch.Tensor, group=None, dim: int = 1)
     """The sum over `group` of every rank's partial `x` (size tp * s along `dim`; tp must divide it),
     of which this rank keeps block group_rank (size s); the gradient is all-gathered."""
     return x if group_size(group) == 1 else _Conjugate.apply(x, group, dim, _reduce_scatter, _all_gather)
+
+
+def split_to_sequence_shards(x: torch.Tensor, group=None, dim: int = 1) -> torch.Tensor:
+    """Block group_rank of `x` (replicated on the group; tp must divide its size along `dim`), no
+    communication; the gradient is all-gathered, so it is whole and equal on every rank again."""
+    return x if group_size(group) == 1 else _Conjugate.apply(x, group, dim, _own_block, _all_gather)
+
+
+def gather_sequence_shards_replicated(x: torch.Tensor, group=None, dim: int = 1) -> torch.Tensor:
+    """Every rank's sequence shard `x` concatenated in group-rank order, like gather_from_sequence_shards,
+    for a consumer whose gradient is replicated (equal on every rank, e.g. a replicated layer norm feeding
+    a ColumnParallelLinear): backward keeps this rank's block of it instead of reduce-scattering."""
+    return x if group_size(group) == 1 else _Conjugate.apply(x, group, dim, _all_gather, _own_block)
 
 
 class _SequenceGatheredLinear(torch.autograd.Function):

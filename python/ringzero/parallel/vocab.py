@@ -62,8 +62,11 @@ class VocabParallelEmbedding(nn.Module):
                 f"sequence_parallel={self.sequence_parallel}")
 
 
-def vocab_parallel_cross_entropy(local_logits: torch.Tensor, targets: torch.Tensor, group=None) -> torch.Tensor:
-    """Mean cross-entropy over all tokens, as models.lm_loss (F.cross_entropy) gives on the full logits.
+def vocab_parallel_cross_entropy(local_logits: torch.Tensor, targets: torch.Tensor, group=None,
+                                 reduction: str = "mean") -> torch.Tensor:
+    """Mean cross-entropy over all tokens, as models.lm_loss (F.cross_entropy) gives on the full logits;
+    reduction="none": the loss of every token instead, shaped like `targets` (a caller that ignores some
+    tokens masks them and takes its own mean: parallel/hf_layers.py).
 
     local_logits: (..., V / tp), this rank's block vocab_range(V) of the vocabulary (a vocab-parallel
     head's output); targets: (...) int64 in [0, V), the same on every rank. Every rank of `group` must
@@ -75,13 +78,15 @@ def vocab_parallel_cross_entropy(local_logits: torch.Tensor, targets: torch.Tens
     exponentials with the target's logit (SUM: only the rank owning the target contributes, the others
     zero).
     """
+    if reduction not in ("mean", "none"):
+        raise ValueError(f"vocab_parallel_cross_entropy: reduction={reduction!r}; use 'mean' or 'none'")
     if targets.shape != local_logits.shape[:-1]:
         raise ValueError(f"vocab_parallel_cross_entropy: targets has shape {tuple(targets.shape)} but must be "
                          f"local_logits.shape[:-1] = {tuple(local_logits.shape[:-1])}")
     logits = local_logits.reshape(-1, local_logits.shape[-1])
     if logits.dtype not in (torch.float32, torch.float64):
         logits = logits.float()  # 16-bit logits: softmax in float32, as lm_loss does
-    targets = targets.reshape(-1)
+    targets_shape, targets = targets.shape, targets.reshape(-1)
     per = logits.shape[-1]
     start = group_rank(group) * per
 
@@ -96,4 +101,5 @@ def vocab_parallel_cross_entropy(local_logits: torch.Tensor, targets: torch.Tens
     # One all-reduce for both sums: (tokens, 2) = [sum of exp | target logit] per token.
     sum_exp, target_logit = reduce_from_tensor_region(torch.stack([shifted.exp().sum(dim=-1), picked], -1),
                                                       group).unbind(-1)
-    return (sum_exp.log() - target_logit).mean()
+    per_token = sum_exp.log() - target_logit
+    return per_token.mean() if reduction == "mean" else per_token.view(targets_shape)
