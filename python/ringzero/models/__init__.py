@@ -1,4 +1,5 @@
 """Models used by the training job, the tests and the benchmarks."""
 from .gpt import GPT, RECOMPUTE_KINDS, Block, Embedding, GPTConfig, Head, lm_loss
+from .hf import build_hf_model
 
-__all__ = ["GPT", "GPTConfig", "Embedding", "Block", "Head", "lm_loss", "RECOMPUTE_KINDS"]
+__all__ = ["GPT", "GPTConfig", "Embedding", "Block", "Head", "lm_loss", "RECOMPUTE_KINDS", "build_hf_model"]

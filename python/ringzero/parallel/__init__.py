@@ -1,7 +1,10 @@
 """Layer 7: parallelism on top of ringzero's collectives (mesh, DDP, ZeRO, tensor, pipeline)."""
 from . import pipeline
 from .ddp import DistributedDataParallel
+from .hf_pipeline import hf_as_sequential, hf_pipeline_loss, tied_embedding_sync
+from .hf_plans import PLANS, HFPlan
 from .mesh import Mesh
+from .parallelize import parallelize
 from .tensor import (ColumnParallelLinear, RowParallelLinear, copy_to_tensor_region, gather_from_sequence_shards,
                      reduce_from_tensor_region, reduce_scatter_to_sequence_shards)
 from .tensor_gpt import TensorParallelGPT, tensor_parallel_gpt
@@ -11,4 +14,5 @@ from .zero import ZeroDataParallel, zero_memory_formula
 __all__ = ["Mesh", "DistributedDataParallel", "ZeroDataParallel", "zero_memory_formula", "pipeline",
            "ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding", "vocab_parallel_cross_entropy",
            "copy_to_tensor_region", "reduce_from_tensor_region", "gather_from_sequence_shards",
-           "reduce_scatter_to_sequence_shards", "TensorParallelGPT", "tensor_parallel_gpt"]
+           "reduce_scatter_to_sequence_shards", "TensorParallelGPT", "tensor_parallel_gpt",
+           "parallelize", "HFPlan", "PLANS", "hf_as_sequential", "hf_pipeline_loss", "tied_embedding_sync"]
