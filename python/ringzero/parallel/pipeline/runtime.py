@@ -196,10 +196,11 @@ class PipelineRunner:
                 out = self._out[a.stage, a.microbatch]
                 if self._evaluating:
                     self._out.pop((a.stage, a.microbatch))  # no backward will come back for it
-                ops.append((True, out.detach(), st.next_rank, self._tag(a.kind, a.stage + 1, a.microbatch)))
+                # contiguous: point-to-point sends need it, and a stage may return a view (a movedim).
+                ops.append((True, out.detach().contiguous(), st.next_rank, self._tag(a.kind, a.stage + 1, a.microbatch)))
             elif a.kind == Kind.SEND_B:
                 # The send work keeps the tensor alive until it completes.
-                ops.append((True, self._grad_in.pop((a.stage, a.microbatch)), st.prev_rank,
+                ops.append((True, self._grad_in.pop((a.stage, a.microbatch)).contiguous(), st.prev_rank,
                             self._tag(a.kind, a.stage, a.microbatch)))
             else:
                 peer = st.prev_rank if a.kind == Kind.RECV_F else st.next_rank
