@@ -17,7 +17,8 @@ with torch.chunk, not with the library's helpers.
 - refusals: ValueError naming the argument, and the model left as it was.
 - pipeline, 2 stages of the unsplit model (1F1B, 2 microbatches): loss and every parameter's gradient,
   including the embedding shared with the head across the two stages (tied_embedding_sync), same
-  tolerance.
+  tolerance; and pp=2 x tp=2 with sequence parallelism on four ranks (stages cut from the parallelized
+  model): the loss and the gradient slices of every checked parameter each stage holds.
 Largest differences seen are printed (pytest -s).
 """
 import pytest
@@ -205,6 +206,39 @@ def pipeline_parity(rank, world, cfg):
     return ratio, checked
 
 
+def pipeline_with_tensor_parallel(rank, world):
+    """pp=2 x tp=2, sequence parallel: stages cut from the parallelized model hold shards."""
+    from ringzero.parallel import Mesh, hf_as_sequential, hf_pipeline_loss, parallelize, tied_embedding_sync
+    from ringzero.parallel.pipeline import PipelineRunner, PipelineStage, split
+    mesh = Mesh(pp=2, tp=2)
+    s, tp, r = mesh.index("pp"), mesh.size("tp"), mesh.index("tp")
+    seen = {}
+    for cfg in (LLAMA_GQA, GPT2_TIED):
+        x, y = batch(cfg)
+        ref = build(cfg)
+        ref_loss = F.cross_entropy(ref(x).logits.flatten(0, 1), y.flatten())
+        ref_loss.backward()
+        want = expected_grads(cfg, ref, tp, r)
+        model = parallelize(build(cfg), mesh, plan=cfg["family"], sequence_parallel=True)
+        names = {id(p): n for n, p in model.named_parameters()}
+        parts = split(hf_as_sequential(model), 2, by="layers")
+        stage = PipelineStage(parts[s], s, 2, group=mesh.group("pp"))
+        runner = PipelineRunner(stage, "1F1B", 2, loss_fn=hf_pipeline_loss(model),
+                                grad_sync=tied_embedding_sync(model, [stage]))
+        loss = runner.step(x if s == 0 else None, y if s == 1 else None)
+        if s == 1:
+            torch.testing.assert_close(loss, ref_loss.detach(), rtol=RTOL, atol=ATOL)
+        ratio, checked = 0.0, 0
+        for p in parts[s].parameters():
+            if names[id(p)] in want:
+                ratio = max(ratio, worst(p.grad, want[names[id(p)]]))
+                torch.testing.assert_close(p.grad, want[names[id(p)]], rtol=RTOL, atol=ATOL,
+                                           msg=lambda m: f"{cfg['family']} pp x tp {names[id(p)]}: {m}")
+                checked += 1
+        seen[f"{cfg['family']} pp=2 x tp=2 sp"] = (ratio, checked)
+    return seen
+
+
 def two_ranks(rank, world):
     from ringzero.parallel import Mesh
     tp2, tp1 = Mesh(tp=2), Mesh(dp=2, tp=1)
@@ -243,6 +277,11 @@ def test_two_ranks():
 def test_three_ranks():
     results = run_ranks(3, three_ranks, timeout_s=300)
     print(results[0])
+
+
+def test_pipeline_with_tensor_parallel():
+    results = run_ranks(4, pipeline_with_tensor_parallel, timeout_s=300)
+    print(results)
 
 
 def test_build_refuses_unknown_family():

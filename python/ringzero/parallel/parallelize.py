@@ -56,6 +56,12 @@ def _fused_qkv(attention: nn.Module, plan: HFPlan, heads: int, kv_heads: int, he
     has_bias = weights[0][1] is not None
     d = weights[0][0].shape[1]
     out = (heads + 2 * kv_heads) * head_dim
+    if heads == kv_heads:  # three equal blocks: chunks=3 says so to tensor_state (checkpoints re-cut it for any tp)
+        qkv = ColumnParallelLinear(d, out, group, bias=has_bias, chunks=3, sequence_parallel=sp)
+        qkv.load_full_(torch.cat([w for w, _ in weights]), torch.cat([b for _, b in weights]) if has_bias else None)
+        return qkv
+    # Grouped-query: unequal blocks, arranged per rank here (tensor_state sees one block: re-cutting a
+    # checkpoint for another tp is not supported yet).
     qkv = ColumnParallelLinear(d, out, group, bias=has_bias, sequence_parallel=sp)
     qkv.load_full_(arrange_qkv([w for w, _ in weights], qkv.tp),
                    arrange_qkv([b for _, b in weights], qkv.tp) if has_bias else None)
