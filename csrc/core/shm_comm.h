@@ -19,6 +19,8 @@
 
 namespace ringzero {
 
+struct WaitWord;  // shm_wait.h
+
 // AllReduceAlgo, CollectiveKind and collective_name() are in types.h (shared with Python through _C).
 
 struct Fingerprint {
@@ -56,7 +58,7 @@ class ShmComm {
   // Whether waits may spin before they sleep: on by default when every rank has a core (never
   // otherwise); a caller whose rank computes on other threads while it waits (an async call's worker,
   // the c10d backend's worker thread) turns it off to leave them the core, and may turn it on again for
-  // a blocking call. [Note: waiting in the shared-memory collectives] in shm_comm.cpp.
+  // a blocking call. [Note: waiting in the shared-memory collectives] in shm_wait.h.
   void set_spin(bool spin) { spin_ = spin && spin_allowed_; }
   // How many distinct cpus the host's ranks may run on, together (the union of their affinity masks):
   // waits may spin when that is at least the number of ranks. The constructor assumes this process's
@@ -110,26 +112,39 @@ class ShmComm {
   double busy_s() const { return busy_s_; }
 
  public:
-  struct Header;   // defined in shm_comm.cpp
+  struct Header;   // defined in shm_slots.h
   struct Control;
 
  private:
+  // One slice of a collective, as run_slices hands it to the collective's steps.
+  struct Slice {
+    size_t index;   // 0 for the collective's first slice
+    size_t offset;  // elements: this slice of the count run_slices was given
+    size_t count;
+    uint64_t k;     // this rank's slice counter: slot parity k & 1
+  };
+  static constexpr int kWaitAll = -1;   // run_slices' wait_on: every rank, every slice
+  static constexpr int kWaitNone = -2;  // after the first slice, no one
 
   Control* control(int r) const;
+  const Header* header() const;
   char* slot(int r, uint64_t slice) const;
 
-  // Slice bookkeeping and synchronisation.
+  // Slice bookkeeping and synchronisation ([Note: the slot protocol], shm_slots.h).
+  template <typename Stage, typename Meanwhile, typename Consume>
+  void run_slices(size_t count, size_t slice_elems, int wait_on, Stage stage, Meanwhile meanwhile,
+                  Consume consume);
   uint64_t begin_slice();  // waits until every rank finished slice k-2; returns k
   void end_slice(uint64_t k);
   void signal();  // this rank finished one more phase
   void wait_for(const std::vector<int>& ranks, uint64_t phase);
   void wait_all(uint64_t phase);
   void wait_one(int r, uint64_t phase);
+  WaitWord wait_word(int q, std::atomic<uint32_t>& word) const;
+  void check_peer(int q, double t);  // a wait's periodic check when it waits on local rank q alone
   // Whether `peer` runs on another last-level cache than this rank: a few cache-line round trips on
   // the probe lines, which both ranks must run at the same point. See [Note: where the host runs ...].
   bool peer_on_other_cache(int peer);
-  template <typename Ready, typename Blocker, typename Check>
-  void wait_until(Ready ready, Blocker blocker, Check check);
   void start_op(CollectiveKind kind, DType dtype, ReduceOp op, int root, uint64_t count);
   void finish_op(OpRecord::Status status = OpRecord::Ok);
   // Starts an op and, when the scope ends without an exception, records it as this rank's last
@@ -150,6 +165,7 @@ class ShmComm {
   void check_abort() const;
   void abort_all(const std::string& reason);
 
+  void stage_input(const void* in, const Slice& sl, size_t es);
   void all_reduce_one_shot(const void* in, void* out, size_t count, DType dtype, ReduceOp op);
   void all_reduce_two_shot(const void* in, void* out, size_t count, DType dtype, ReduceOp op);
   void all_reduce_ring(const void* in, void* out, size_t count, DType dtype, ReduceOp op);

@@ -15,6 +15,7 @@
 #include "chunks.h"
 #include "errors.h"
 #include "futex.h"
+#include "shm_wait.h"
 
 namespace ringzero {
 namespace {
@@ -23,15 +24,9 @@ constexpr uint64_t kMagic = 0x727a703270000001ULL;  // "rzp2p", version 1
 constexpr int kMaxRanks = 256;
 constexpr size_t kHeaderBytes = 4096;
 constexpr size_t kSliceHeaderBytes = 64;  // message byte count, then padding to a cache line
-constexpr double kCheckEveryS = 0.02;     // deadline and peer liveness
 // Any-source polling: sleeps between looks start at 1 us (a message usually comes soon) and double
 // up to this bound, which is the latency a receive from any source may add.
 constexpr double kAnySourcePollMaxS = 0.001;
-
-double now_s() {
-  using namespace std::chrono;
-  return duration<double>(steady_clock::now().time_since_epoch()).count();
-}
 
 }  // namespace
 
@@ -89,24 +84,21 @@ char* ShmP2P::slot(int src, int dst, uint32_t index) const {
 
 size_t ShmP2P::payload_bytes() const { return slot_bytes_ - kSliceHeaderBytes; }
 
+// The wait loop of ShmComm (wait_until, shm_wait.h) without spinning: the waiter sleeps on the counter's
+// futex word from the start; every kCheckEveryS it checks the peer's liveness and the deadline.
 template <typename Ready>
 void ShmP2P::wait(Counter& word, Ready ready, int peer, const char* what, double timeout_s, size_t bytes) {
   const double deadline = now_s() + timeout_s;
-  while (!ready()) {
-    word.sleepers.fetch_add(1);
-    const uint32_t seen = word.value.load();
-    if (!ready()) futex_wait(&word.value, seen, kCheckEveryS);
-    word.sleepers.fetch_sub(1);
-    if (ready()) return;
+  wait_until(/*spin=*/false, ready, [&] { return WaitWord{&word.value, &word.sleepers, nullptr}; }, [&](double t) {
     const int pid = static_cast<const Header*>(seg_.data())->pids[peer].load();
     const bool gone = pid > 0 && kill(pid, 0) != 0 && errno == ESRCH;
-    if (gone || now_s() > deadline)
+    if (gone || t > deadline)
       throw CommTimeoutError("ringzero " + std::string(what) + " of " + std::to_string(bytes) + " bytes on rank " +
                              std::to_string(rank_) + ": " + (gone ? "rank " + std::to_string(peer) + " exited" :
                              "Timed out waiting " + std::to_string(std::llround(timeout_s * 1000)) +
                              "ms for a matching call from rank " + std::to_string(peer)) + ". Every send needs a recv of the same size "
                              "on the peer, in the same order; raise RINGZERO_TIMEOUT_S if the peer is only slow.");
-  }
+  });
 }
 
 // Per slice of up to slot_bytes - 64 payload bytes: one copy in by the sender, one copy out by the

@@ -1,0 +1,95 @@
+// The placement probe: whether a peer runs on another last-level cache than this rank, and the
+// streaming copy that a large all-gather switches to when it does.
+//
+// [Note: where the host runs the ranks' cores]
+// A VM's host may run two vCPUs on one last-level cache or on two (another CCD), and move them between
+// the two. On two L3s every byte a rank reads from a peer crosses between the caches: a line the peer
+// just wrote comes at ~12 GB/s (each miss waits ~400 ns), slower than from memory, and a small
+// collective pays its serialised cross-core misses at ~400 ns instead of tens of ns. Hence:
+// - staging slots of 256 KiB (comm/config.py's shm_buffer_bytes): both parities and the slice read from
+//   a peer stay in a 1 MiB L2;
+// - the control block keeps what a waiter needs on one line (ShmComm::Control, shm_slots.h);
+// - a two-rank all-gather of kStreamGatherBytes and more per rank probes the placement after its first
+//   slice (peer_on_other_cache) and, on two L3s, stages the rest with streaming stores, which the peer
+//   then reads from memory; its output (32 MiB and more, past the L3) is always written with streaming
+//   stores, which skip the read of each line a plain store makes. Streaming elsewhere (the two-shot's
+//   copy in, only the peer's chunk, outputs that fit the L3) and prefetching were slower or no faster;
+// - the launcher binds each local rank to its own share of the cpus (launch.core_share,
+//   RINGZERO_BIND_CORES), as Open MPI does, and the spin decision counts the cpus of all the host's ranks
+//   (set_host_cpus), not one rank's own: the guest scheduler otherwise sometimes ran both on one vCPU.
+// _C.core_round_trip_ns tells the placements apart; ringzero bench and benchmarks/mpi_anchor.py record it
+// with every run. The measurements (2-core VM, 2026-11-25) are in benchmarks/RESULTS.md, "The
+// shared-memory collectives' measurements, moved out of the code".
+#include "shm_placement.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "shm_slots.h"
+#include "shm_wait.h"
+
+namespace ringzero {
+
+void copy_streaming(void* dst, const void* src, size_t bytes) {
+#if defined(__x86_64__)
+  char* d = static_cast<char*>(dst);
+  const char* s = static_cast<const char*>(src);
+  size_t i = 0;
+  if ((reinterpret_cast<uintptr_t>(d) & 15) == 0) {
+    for (; i + 64 <= bytes; i += 64) {
+      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
+      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 16));
+      const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 32));
+      const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 48));
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), a);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 16), b);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 32), c);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 48), e);
+    }
+  }
+  std::memcpy(d + i, s + i, bytes - i);
+  _mm_sfence();  // non-temporal stores are weakly ordered: visible before the signal that follows
+#else
+  std::memcpy(dst, src, bytes);
+#endif
+}
+
+void copy_cached(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
+
+// Ping-pong on the two ranks' probe lines: the lower rank writes, the higher answers, kProbeTrips
+// times; a round trip above kSplitCacheNs means the peer's cache is another one. Both ranks must call it
+// at the same point of the same collective (a decision made from the op's arguments alone); it waits
+// like any other wait.
+bool ShmComm::peer_on_other_cache(int peer) {
+  constexpr int kProbeTrips = 8;
+  constexpr double kSplitCacheNs = 220;    // fastest trip: 60-150 ns on one L3, 300-500 on two (2-core VM)
+  constexpr double kSharedCoreNs = 5000;   // slower still: both ranks on one core (or preempted), no verdict
+  const uint64_t base = probes_++ * kProbeTrips;
+  Control* mine = control(rank_);
+  Control* theirs = control(peer);
+  // Spin even where this caller sleeps at once (set_spin(false)): the peer is at the same point, so a
+  // round trip is short; asleep, each would last a futex timeout.
+  auto await = [&](uint64_t value) {
+    wait_until(/*spin=*/true, [&] { return theirs->probe.load(std::memory_order_acquire) >= value; },
+               [&] { return wait_word(peer, theirs->arrive_word); }, [&](double t) { check_peer(peer, t); });
+  };
+  // The fastest trip: the first also absorbs how far apart the two ranks reached the probe.
+  double fastest = 1e30, last = now_s();
+  for (int i = 1; i <= kProbeTrips; ++i) {
+    if (rank_ < peer) {
+      mine->probe.store(base + i, std::memory_order_release);
+      await(base + i);
+    } else {
+      await(base + i);
+      mine->probe.store(base + i, std::memory_order_release);
+    }
+    const double t = now_s();
+    fastest = std::min(fastest, t - last);
+    last = t;
+  }
+  probe_ns_ = fastest * 1e9;
+  return probe_ns_ > kSplitCacheNs && probe_ns_ < kSharedCoreNs;
+}
+
+}  // namespace ringzero

@@ -1,0 +1,18 @@
+// Where the host runs the ranks' cores, and the copies that depend on it (internal to csrc/core/shm_*.cpp);
+// the Note and the probe (ShmComm::peer_on_other_cache) are in shm_placement.cpp.
+#pragma once
+#include <cstddef>
+
+namespace ringzero {
+
+// Per rank: a two-rank all-gather of this much and more writes its output with streaming stores and
+// probes the placement ([Note: where the host runs the ranks' cores]).
+constexpr size_t kStreamGatherBytes = 16 << 20;
+
+// Copies with non-temporal stores where the CPU has them (x86-64: SSE2), then fences them: the lines go
+// to memory, not into this core's cache.
+void copy_streaming(void* dst, const void* src, size_t bytes);
+// A plain memcpy, with the same signature so a collective picks one of the two once.
+void copy_cached(void* dst, const void* src, size_t bytes);
+
+}  // namespace ringzero
