@@ -1,5 +1,5 @@
 """Per-call latency distribution of ringzero's CPU collectives, optionally beside busy background loops:
-the measurement behind [Note: waiting in the shared-memory collectives] (csrc/core/shm_comm.cpp).
+the measurement behind [Note: waiting in the shared-memory collectives] (csrc/core/shm_wait.h).
 
     python benchmarks/latency_under_load.py --op all_reduce --sizes 4K,64K,1M,16M --background 1
 

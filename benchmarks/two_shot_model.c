@@ -1,5 +1,5 @@
 // A model of the 2-rank shared-memory all-reduce at 64 MiB, without torch: two threads pinned to two
-// cpus run ringzero's two-shot schedule (csrc/core/shm_comm.cpp, all_reduce_two_shot) and variants of
+// cpus run ringzero's two-shot schedule (csrc/core/shm_collectives.cpp, all_reduce_two_shot) and variants of
 // it over private in-place buffers and shared staging slots, interleaved call by call with the floor
 // (`ringzero bench`'s: an in-place pass over the same buffers, both threads at once), so that the
 // VM's drifting memory speed and the host's moves of the vCPUs hit every arm alike.
@@ -83,7 +83,7 @@ static void all_reduce(int me, int arm) {
       add2_twice((float*)(in + mo), (float*)(my + mo), (float*)(in + mo), (float*)(ps + mo), half / 4);
       signal_(me), wait_peer(me);
       memcpy(in + po, ps + po, half);
-    } else {  // the two-shot of shm_comm.cpp: stage the slice, reduce the own half, copy both halves out
+    } else {  // the two-shot of shm_collectives.cpp: stage the slice, reduce the own half, copy both halves out
       memcpy(my, in, kSlot);
       signal_(me), wait_peer(me);
       if (arm == FUSED_OUT) {

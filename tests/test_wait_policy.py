@@ -1,5 +1,5 @@
 """The wait policy of the shared-memory collectives ([Note: waiting in the shared-memory collectives],
-csrc/core/shm_comm.cpp), which removed the slow regime of issue 24: a blocking call's waiter spins and
+csrc/core/shm_wait.h), which removed the slow regime of issue 24: a blocking call's waiter spins and
 never sleeps or yields while its peer arrives soon; it sleeps once the peer is late past the spin
 budget, so a late peer costs it no more than that budget of CPU; an async call's worker never spins
 (it shares the core with the caller's compute); with more ranks than usable cores nothing spins.

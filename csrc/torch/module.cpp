@@ -111,7 +111,7 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("name", &ShmComm::name)
       .def_property_readonly("seq", &ShmComm::seq)
       .def_property_readonly("probes", &ShmComm::probes,
-                             "Cache-placement probes run so far (large two-rank all-gathers; shm_comm.cpp)")
+                             "Cache-placement probes run so far (large two-rank all-gathers; core/shm_placement.cpp)")
       .def_property_readonly("probe_ns", &ShmComm::probe_ns, "The fastest round trip of the last probe, ns")
       .def_property_readonly("rank", &ShmComm::rank)
       .def_property_readonly("nranks", &ShmComm::nranks)
@@ -119,7 +119,7 @@ PYBIND11_MODULE(_C, m) {
       .def("unlink", &ShmComm::unlink)
       .def("set_timeout", &ShmComm::set_timeout)
       .def("set_spin", &ShmComm::set_spin, py::arg("spin"),
-           "Whether waits may spin before sleeping (never when ranks outnumber cores); see shm_comm.cpp")
+           "Whether waits may spin before sleeping (never when ranks outnumber cores); see core/shm_wait.h")
       .def("set_host_cpus", &ShmComm::set_host_cpus, py::arg("cpus"),
            "Distinct cpus the host's ranks may run on together; waits spin only if every rank can have one")
       .def_property_readonly("spin", static_cast<bool (ShmComm::*)() const>(&ShmComm::spin))

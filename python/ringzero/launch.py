@@ -97,7 +97,7 @@ def _round_prefix(store, rank: int, world: int) -> str:
 
 def _bind(local_world: int) -> int:
     """Binds this rank to its core_share (unless RINGZERO_BIND_CORES=0) and returns how many cpus it has
-    for its own compute. [Note: where the host runs the ranks' cores] in csrc/core/shm_comm.cpp."""
+    for its own compute. [Note: where the host runs the ranks' cores] in csrc/core/shm_placement.cpp."""
     from .comm.config import from_env
 
     allowed = os.sched_getaffinity(0)
