@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from torch.distributed import distributed_c10d as _c10d
 
 from . import cuda
 from .communicator import FAST, get_communicator
@@ -32,15 +31,11 @@ def _resolve_group(group, op: str):
 
 def _comm(group, op: str):
     """The Communicator for `group` (None: the default group), or None on ranks outside the group
-    (torch.distributed returns without doing anything there; so do we). The fast path is one dict
-    lookup and two identity checks: per-call overhead matters at 4 KiB."""
+    (torch.distributed returns without doing anything there; so do we). A known group costs one dict
+    lookup and two identity checks."""
     comm = FAST.get(id(group))
-    if comm is not None:
-        if group is None:
-            if comm.group is _c10d._world.default_pg:  # not None: the default group is alive
-                return comm
-        elif comm.group is group and dist.is_initialized():
-            return comm
+    if comm is not None and comm.serves(group):
+        return comm
     if not dist.is_initialized():
         _resolve_group(group, op)  # raises the explanatory error
     g = _resolve_group(group, op)
@@ -104,14 +99,9 @@ def all_reduce(tensor: torch.Tensor, op=ReduceOp.SUM, group=None, async_op: bool
     """Reduces `tensor` in place across all ranks of `group` (every rank must call it with the same
     dtype and numel). CPU or CUDA tensors (CUDA: float32, bfloat16, float16, int32, int64; see
     comm/cuda.py for streams). Returns a Work handle when async_op=True, else None."""
-    comm = FAST.get(id(group))
-    if comm is not None and comm.shm_direct and not async_op and not comm._pending and comm.serves(group):
-        try:  # the fast path (see Communicator.direct_failed); False: tensors it does not take
-            if comm.shm_all_reduce_(tensor, op, comm.algo):
-                comm.seq += 1
-                return None
-        except Exception as e:
-            comm.direct_failed(e, "all_reduce")
+    comm = FAST.get(id(group))  # the fast path: [Note: the api's fast path] (communicator.py)
+    if comm is not None and not async_op and comm.run_direct(group, comm.shm_all_reduce_, tensor, op, comm.algo):
+        return None
     op_ = op if type(op) is ReduceOp else to_reduce_op(op)
     _check_tensor(tensor, "tensor", "all_reduce", cuda_kernel=True)
     comm = _comm(group, "all_reduce")
@@ -124,14 +114,9 @@ def reduce_scatter_single(output: torch.Tensor, input: torch.Tensor, op=ReduceOp
                           async_op: bool = False):
     """output (numel k) on group rank r receives block r (elements [r*k, (r+1)*k)) of `input`
     (numel world*k) reduced across ranks. `input` is not modified."""
-    comm = FAST.get(id(group))
-    if comm is not None and comm.shm_direct and not async_op and not comm._pending and comm.serves(group):
-        try:  # the fast path (see Communicator.direct_failed); False: tensors it does not take
-            if comm.shm_reduce_scatter(input, output, op):
-                comm.seq += 1
-                return None
-        except Exception as e:
-            comm.direct_failed(e, "reduce_scatter")
+    comm = FAST.get(id(group))  # the fast path: [Note: the api's fast path] (communicator.py)
+    if comm is not None and not async_op and comm.run_direct(group, comm.shm_reduce_scatter, input, output, op):
+        return None
     op_ = to_reduce_op(op)
     _check_pair(output, "output", input, "input", "reduce_scatter_single")
     comm = _comm(group, "reduce_scatter_single")
@@ -151,14 +136,10 @@ def reduce_scatter_single(output: torch.Tensor, input: torch.Tensor, op=ReduceOp
 
 def all_gather_single(output_tensor: torch.Tensor, input_tensor: torch.Tensor, group=None, async_op: bool = False):
     """output_tensor (numel world*k) receives every rank's input_tensor (numel k) in rank order."""
-    comm = FAST.get(id(group))
-    if comm is not None and comm.shm_direct and not async_op and not comm._pending and comm.serves(group):
-        try:  # the fast path (see Communicator.direct_failed); False: tensors it does not take
-            if comm.shm_all_gather(input_tensor, output_tensor):
-                comm.seq += 1
-                return None
-        except Exception as e:
-            comm.direct_failed(e, "all_gather")
+    comm = FAST.get(id(group))  # the fast path: [Note: the api's fast path] (communicator.py)
+    if comm is not None and not async_op and comm.run_direct(group, comm.shm_all_gather, input_tensor,
+                                                                output_tensor):
+        return None
     _check_pair(output_tensor, "output_tensor", input_tensor, "input_tensor", "all_gather_single")
     comm = _comm(group, "all_gather_single")
     if comm is None:

@@ -33,6 +33,7 @@ from .. import _C
 from .config import from_env
 from .errors import CommError, CommTimeout
 from .hierarchical import all_reduce_hierarchical
+from .transports import Solo
 from .types import ReduceOp
 
 CUDA_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64)
@@ -153,8 +154,9 @@ def finish_setup(rendezvous, world: int, error, errors):
 
 
 class CudaPath:
-    """The CUDA transports of one Communicator, made on its first CUDA collective (every rank of the
-    group must make it at the same call, as with any collective)."""
+    """The CUDA side of one Communicator, made on its first CUDA collective (every rank of the group
+    must make it at the same call, as with any collective): the setup, the stream, the timeout checks,
+    and `transport`, the CUDA transport of the group's layout, picked once here."""
 
     def __init__(self, comm, device: torch.device):
         self.comm = comm
@@ -174,6 +176,18 @@ class CudaPath:
             nccl_error = self._setup_nccl(slice_bytes)
             error = error or nccl_error
         finish_setup(self._rendezvous, comm.world, error, errors)
+        self.transport = self._pick_transport()
+
+    def _pick_transport(self):
+        """Decided once from the topology, in the order of the CPU transports (communicator.py)."""
+        comm = self.comm
+        if comm.world == 1:
+            return Solo()
+        if comm.single_host:
+            return CudaPeers(comm.transport, self.peer, comm.algo)
+        if comm.hierarchical:
+            return CudaHierarchical(comm.transport, self.flat, self.peer, self.cross, comm.local_world, comm.world)
+        return CudaRing(comm.transport, self.flat)
 
     def _setup_nccl(self, slice_bytes: int):
         """NCCL rings across hosts: the flat ring over the whole group, and when hierarchical one more
@@ -208,7 +222,7 @@ class CudaPath:
             dist.barrier(group=self.comm.group)
         except Exception:  # the process group was destroyed first: nothing left to meet with
             pass
-        self.peer = self.flat = self.cross = None
+        self.peer = self.flat = self.cross = self.transport = None
 
     def check_device(self, t: torch.Tensor, op: str):
         if t.device != self.device:
@@ -254,41 +268,87 @@ class CudaPath:
             t.record_stream(self.stream)
         return CudaWork(done, self.device, result, self, what)
 
-    # ---- collectives on flat contiguous tensors (already validated) ---------------------------------
-    def all_reduce(self, x: torch.Tensor, op: ReduceOp):
-        comm = self.comm
-        if comm.world == 1:
-            return
-        if comm.single_host:
-            self.peer.run(ALL_REDUCE, x, x, int(op), comm.algo)
-        elif not comm.hierarchical:
-            self.flat.all_reduce(x, int(op))
+
+# ---- the CUDA transports: the calls of comm/transports.py on CUDA tensors, run on CudaPath's stream -------
+def _through_host(fn, out: torch.Tensor, *inputs: torch.Tensor):
+    """Runs fn on host copies of the tensors and copies `out` back (this waits for the GPU; it is
+    correct, not fast)."""
+    host = out.cpu()
+    fn(host, *(t.cpu() for t in inputs))
+    out.copy_(host)
+
+
+class _CudaTransport:
+    """What the CUDA transports share: broadcast, reduce and all_gather_v have no CUDA kernels, so they
+    run on host copies through the group's CPU transport (`host`)."""
+
+    def __init__(self, host):
+        self.host = host
+
+    def all_gather(self, out: torch.Tensor, inp: torch.Tensor, counts: list[int] | None = None):
+        if counts is None:
+            self.all_gather_even(out, inp)
         else:
-            base = ReduceOp.SUM if op == ReduceOp.AVG else op
-            all_reduce_hierarchical(x, comm.local_world,
-                                    lambda staged, part: self.peer.run(REDUCE_SCATTER, staged, part, int(base), 0),
-                                    lambda part: self.cross.all_reduce(part, int(base)),
-                                    lambda part, gathered: self.peer.run(ALL_GATHER, part, gathered, int(base), 0))
-            if op == ReduceOp.AVG:  # [Note: AVG in the hierarchical all-reduce] (comm/hierarchical.py)
-                if x.dtype.is_floating_point:
-                    x.div_(comm.world)
-                else:
-                    x.copy_(torch.div(x, comm.world, rounding_mode="trunc"))
+            _through_host(lambda o, i: self.host.all_gather(o, i, counts), out, inp)
+
+    def broadcast(self, x: torch.Tensor, root: int):
+        _through_host(lambda h: self.host.broadcast(h, root), x)
+
+    def reduce(self, x: torch.Tensor, root: int, op: ReduceOp):
+        _through_host(lambda h: self.host.reduce(h, root, op), x)
+
+
+class CudaPeers(_CudaTransport):
+    """Every rank on one host: the peer-memory kernels over CUDA IPC (csrc/cuda)."""
+
+    def __init__(self, host, peer, algo: int):
+        super().__init__(host)
+        self.peer, self.algo = peer, algo
+
+    def all_reduce(self, x: torch.Tensor, op: ReduceOp):
+        self.peer.run(ALL_REDUCE, x, x, int(op), self.algo)
 
     def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, op: ReduceOp):
-        comm = self.comm
-        if comm.world == 1:
-            out.copy_(inp)
-        elif comm.single_host:
-            self.peer.run(REDUCE_SCATTER, inp, out, int(op), 0)
-        else:  # the flat NCCL ring (also when hierarchical: the blocks are in global rank order)
-            self.flat.reduce_scatter(inp, torch.empty_like(inp), out, int(op))
+        self.peer.run(REDUCE_SCATTER, inp, out, int(op), 0)
 
-    def all_gather(self, out: torch.Tensor, inp: torch.Tensor):
-        comm = self.comm
-        if comm.world == 1:
-            out.copy_(inp)
-        elif comm.single_host:
-            self.peer.run(ALL_GATHER, inp, out, int(ReduceOp.SUM), 0)
-        else:
-            self.flat.all_gather(inp, out)
+    def all_gather_even(self, out: torch.Tensor, inp: torch.Tensor):
+        self.peer.run(ALL_GATHER, inp, out, int(ReduceOp.SUM), 0)
+
+
+class CudaRing(_CudaTransport):
+    """Several hosts: the ring driver over NCCL across the whole group (csrc/nccl)."""
+
+    def __init__(self, host, flat):
+        super().__init__(host)
+        self.flat = flat
+
+    def all_reduce(self, x: torch.Tensor, op: ReduceOp):
+        self.flat.all_reduce(x, int(op))
+
+    def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, op: ReduceOp):
+        # The flat ring also when hierarchical: the blocks are in group-rank order.
+        self.flat.reduce_scatter(inp, torch.empty_like(inp), out, int(op))
+
+    def all_gather_even(self, out: torch.Tensor, inp: torch.Tensor):
+        self.flat.all_gather(inp, out)
+
+
+class CudaHierarchical(CudaRing):
+    """Several hosts with the same number (> 1) of ranks each: all-reduce as IPC reduce-scatter, an NCCL
+    ring per local rank across hosts (`cross`), IPC all-gather; the other collectives take the flat ring."""
+
+    def __init__(self, host, flat, peer, cross, local_world: int, world: int):
+        super().__init__(host, flat)
+        self.peer, self.cross, self.local_world, self.world = peer, cross, local_world, world
+
+    def all_reduce(self, x: torch.Tensor, op: ReduceOp):
+        base = ReduceOp.SUM if op == ReduceOp.AVG else op
+        all_reduce_hierarchical(x, self.local_world,
+                                lambda staged, part: self.peer.run(REDUCE_SCATTER, staged, part, int(base), 0),
+                                lambda part: self.cross.all_reduce(part, int(base)),
+                                lambda part, gathered: self.peer.run(ALL_GATHER, part, gathered, int(base), 0))
+        if op == ReduceOp.AVG:  # [Note: AVG in the hierarchical all-reduce] (comm/hierarchical.py)
+            if x.dtype.is_floating_point:
+                x.div_(self.world)
+            else:
+                x.copy_(torch.div(x, self.world, rounding_mode="trunc"))

@@ -1,6 +1,7 @@
-"""The hierarchical all-reduce of the CPU Communicator and of the CUDA path, written once: reduce-scatter
-inside the host, one ring per local rank across hosts, all-gather inside the host. Each path passes its
-own three steps (shared memory and gloo; CUDA IPC and NCCL); the staging is here.
+"""The hierarchical all-reduce of the CPU and CUDA transports, written once: reduce-scatter inside the
+host, one ring per local rank across hosts, all-gather inside the host. Each transport (transports.py
+Hierarchical, cuda.py CudaHierarchical) passes its own three steps (shared memory and gloo; CUDA IPC and
+NCCL); the staging is here.
 
 [Note: AVG in the hierarchical all-reduce] the steps reduce with SUM and the caller divides by the world
 size: the CPU cross-host ring folds the division into its last step (one rounding, as its flat ring

@@ -1,0 +1,191 @@
+"""The CPU transports of a Communicator: one class per layout of the group's ranks, picked once when the
+Communicator is made (communicator.py); each collective then calls its transport without asking again.
+
+Every transport takes the same calls: all_reduce(x, op), reduce_scatter(out, inp, op), all_gather(out,
+inp, counts=None), broadcast(x, root), reduce(x, root, op), barrier(), on contiguous CPU tensors already
+validated by the api (any shape: the shared-memory kernels use numel and data, the rings flatten them),
+called by every rank of the group in the same order. The CUDA transports (cuda.py) take the same calls.
+"""
+from __future__ import annotations
+
+import torch
+
+from .errors import CollectiveMismatch
+from .hierarchical import all_reduce_hierarchical
+from .ring import P2PRing
+from .types import SUPPORTED_DTYPES, CollectiveKind, ReduceOp
+
+
+class RunningCall:
+    """The sequence number of the call running now, shared by a Communicator and its transports for
+    their messages. It can lag the number of calls submitted when async calls are queued. A holder
+    rather than a reference to the Communicator: the transports then keep no cycle that would hold the
+    group alive after destroy_communicators."""
+
+    __slots__ = ("seq",)
+
+    def __init__(self):
+        self.seq = 0
+
+    def label(self, op: str) -> str:
+        return f"{op} (sequence number {self.seq})"
+
+
+def split_avg(op: ReduceOp, world: int) -> tuple[ReduceOp, int]:
+    """The rings reduce AVG as SUM with a division folded into their last step: (base op, divisor)."""
+    return (ReduceOp.SUM, world) if op == ReduceOp.AVG else (op, 1)
+
+
+class Solo:
+    """A group of one rank (CPU or CUDA tensors): reductions leave the tensor as it is, gathers copy."""
+
+    def all_reduce(self, x: torch.Tensor, op: ReduceOp):
+        pass
+
+    def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, op: ReduceOp):
+        out.view(-1).copy_(inp.view(-1))
+
+    def all_gather(self, out: torch.Tensor, inp: torch.Tensor, counts: list[int] | None = None):
+        out.view(-1).copy_(inp.view(-1))
+
+    def broadcast(self, x: torch.Tensor, root: int):
+        pass
+
+    def reduce(self, x: torch.Tensor, root: int, op: ReduceOp):
+        pass
+
+    def barrier(self):
+        pass
+
+
+class SharedMemory:
+    """Every rank on one host: the shared-memory collectives (csrc/core/shm_comm.cpp) on one segment."""
+
+    def __init__(self, shm, algo: int):
+        self.shm = shm  # _C.ShmComm
+        self.algo = algo  # RINGZERO_ALLREDUCE_ALGO's code
+
+    def all_reduce(self, x: torch.Tensor, op: ReduceOp):
+        self.shm.all_reduce(x, x, int(op), self.algo)
+
+    def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, op: ReduceOp):
+        self.shm.reduce_scatter(inp, out, int(op))
+
+    def all_gather(self, out: torch.Tensor, inp: torch.Tensor, counts: list[int] | None = None):
+        if counts is None:
+            self.shm.all_gather(inp, out)
+        else:
+            self.shm.all_gather_v(inp, out, counts)
+
+    def broadcast(self, x: torch.Tensor, root: int):
+        self.shm.broadcast(x, root)
+
+    def reduce(self, x: torch.Tensor, root: int, op: ReduceOp):
+        self.shm.reduce(x, x, int(op), root)
+
+    def barrier(self):
+        self.shm.barrier()
+
+
+class NetworkRing:
+    """Several hosts: the flat ring over every rank of the group (ring.py, gloo point-to-point).
+
+    With RINGZERO_DEBUG=1 each call first checks that every rank calls the same thing (one small
+    all-gather per call; shared memory does this check for free, so it is always on there)."""
+
+    def __init__(self, ring: P2PRing, running: RunningCall, rank: int, world: int, debug: bool):
+        self.ring = ring
+        self.running = running
+        self.rank, self.world, self.debug = rank, world, debug
+
+    def begin(self, op: str, x: torch.Tensor, root: int = -1, reduce_op=None) -> P2PRing:
+        """The flat ring, started for `op` after the fingerprint check (RINGZERO_DEBUG=1)."""
+        ring = self.ring
+        if self.debug:
+            self._check_fingerprints(op, x, root, reduce_op)
+        ring.begin(self.running.label(op))
+        return ring
+
+    def _check_fingerprints(self, op: str, x: torch.Tensor, root: int, reduce_op):
+        fields = [self.running.seq, CollectiveKind[op.upper()], SUPPORTED_DTYPES.index(x.dtype), x.numel(), root,
+                  -1 if reduce_op is None else int(reduce_op)]
+        mine = torch.tensor(fields, dtype=torch.int64)
+        table = torch.empty(self.world * len(fields), dtype=torch.int64)
+        self.ring.begin(self.running.label(f"{op} fingerprint check"))
+        self.ring.all_gather(mine, table)
+        rows = table.view(self.world, len(fields)).tolist()
+        if all(row == rows[0] for row in rows):
+            return
+        names = {int(k): k.name.lower() for k in CollectiveKind}
+        lines = [f"  {r:>4} | {names.get(row[1], '?'):<14} | {row[0]:>4} | "
+                 f"{str(SUPPORTED_DTYPES[row[2]]).replace('torch.', ''):<8} | {row[3]:>10} | {row[5]:>2} | {row[4]}"
+                 for r, row in enumerate(rows)]
+        raise CollectiveMismatch(
+            f"ringzero collective mismatch detected on group rank {self.rank} (RINGZERO_DEBUG=1): ranks "
+            "called different collectives at the same point.\n  rank | op             | seq  | dtype    "
+            "| count      | op | root\n" + "\n".join(lines))
+
+    def all_reduce(self, x: torch.Tensor, op: ReduceOp):
+        x = x.view(-1)  # the rings slice flat buffers
+        base, divisor = split_avg(op, self.world)
+        self.begin("all_reduce", x, reduce_op=op).all_reduce(x, base, divisor)
+
+    def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, op: ReduceOp):
+        base, divisor = split_avg(op, self.world)
+        self.begin("reduce_scatter", inp, reduce_op=op).reduce_scatter(inp.view(-1), out.view(-1), base, divisor)
+
+    def all_gather(self, out: torch.Tensor, inp: torch.Tensor, counts: list[int] | None = None):
+        self.begin("all_gather", out).all_gather(inp.view(-1), out.view(-1), counts)
+
+    def broadcast(self, x: torch.Tensor, root: int):
+        self.begin("broadcast", x, root=root).broadcast(x.view(-1), root)
+
+    def reduce(self, x: torch.Tensor, root: int, op: ReduceOp):
+        base, divisor = split_avg(op, self.world)
+        x = x.view(-1)
+        self.begin("reduce", x, root=root, reduce_op=op).reduce(x, x, root, base, divisor)
+
+    def barrier(self):
+        self.begin("barrier", torch.empty(0, dtype=torch.uint8)).barrier()
+
+
+class Hierarchical(NetworkRing):
+    """Several hosts with the same number (> 1) of ranks each: all-reduce as shared-memory reduce-scatter,
+    one ring per local rank across hosts (`cross_ring`), shared-memory all-gather (hierarchical.py). The
+    other collectives take the flat ring: their blocks are in group-rank order, which the hosts'
+    local blocks are not."""
+
+    def __init__(self, ring: P2PRing, cross_ring: P2PRing, cross_peers: list[int], shm, local_world: int,
+                 running: RunningCall, rank: int, world: int, debug: bool):
+        super().__init__(ring, running, rank, world, debug)
+        self.cross_ring = cross_ring
+        # Its neighbours (group ranks: the one it receives from, the one it sends to), published in the
+        # segment while it waits on them.
+        self.cross_peers = cross_peers
+        self.shm = shm
+        self.local_world = local_world
+
+    def all_reduce(self, x: torch.Tensor, op: ReduceOp):
+        x = x.view(-1)
+        base, divisor = split_avg(op, self.world)
+        self.begin("all_reduce", x, reduce_op=op)  # the fingerprint check (RINGZERO_DEBUG=1) spans the group
+        shm = self.shm
+
+        def cross(part):  # AVG: the ring divides at its last step ([Note: AVG in the hierarchical all-reduce])
+            # The local ranks wait for this one in the all-gather that follows, each on its own clock: the
+            # segment says where this rank is (a peer whose clock runs out first names the far side), and
+            # a failure here aborts their waits at once, quoting it.
+            self.cross_ring.begin(self.running.label("all_reduce"))
+            shm.set_away(self.cross_peers)
+            try:
+                self.cross_ring.all_reduce(part, base, divisor)
+            except BaseException as e:
+                shm.abort(f"its cross-host step failed: {e}")
+                raise
+            shm.set_away([])
+
+        all_reduce_hierarchical(x, self.local_world, lambda staged, part: shm.reduce_scatter(staged, part, int(base)),
+                                cross, shm.all_gather)
+
+
+__all__ = ["RunningCall", "Solo", "SharedMemory", "NetworkRing", "Hierarchical", "split_avg"]
