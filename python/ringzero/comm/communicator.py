@@ -33,6 +33,9 @@ from .types import ReduceOp
 from .work import Work
 
 
+_TWO_ARGS = object()  # run_direct's `c` when the native entry takes two arguments (all_gather)
+
+
 class Communicator:
     """Transport state for one ProcessGroup. Use get_communicator(group) rather than building one."""
 
@@ -102,8 +105,8 @@ class Communicator:
     # group whose every rank shares this host's memory goes straight to the native entry (_C.shm_direct,
     # csrc/torch/shm_direct.cpp) through run_direct, on the calling thread, with no Python checks and no
     # flight-recorder entry: at 4 KiB the call itself is most of the cost (each Python call more on this
-    # path costs 0.03-0.15 us of a 1.4 us call, so the api calls run_direct first and nothing else, and
-    # run_direct inlines serves()). The entry checks the tensors itself and returns False, having done
+    # path costs 0.03-0.15 us of a 1.4 us call: benchmarks/RESULTS.md, issue 37; so the api calls
+    # run_direct first and nothing else, and run_direct inlines serves()). The entry checks the tensors itself and returns False, having done
     # nothing, for any it does not take: the api's slow path then handles or explains them. ShmComm
     # times those calls (busy_s) and logs them in its own history, which the flight recorder dumps.
     def _bind_direct(self):
@@ -114,21 +117,22 @@ class Communicator:
             self.shm_all_reduce_, self.shm_reduce_scatter = direct.all_reduce_, direct.reduce_scatter
             self.shm_all_gather = direct.all_gather
 
-    def run_direct(self, group, native, *args) -> bool:
-        """The api's fast path, written once ([Note: the api's fast path]): runs native(*args), one of
-        shm_all_reduce_ (args: tensor, op, algo), shm_reduce_scatter (input, output, op) and
-        shm_all_gather (input, output), on the calling thread, if this communicator runs on shared memory
-        only, has nothing pending (else run() must order the call) and is still the one of `group` (the
-        argument as the caller passed it). Every rank of the group calls it, as any blocking collective.
-        Returns True when the collective ran (counted in seq), False when the caller must take its slow
-        path. A timeout or a mismatch is re-raised naming the flight recorder's dump."""
+    def run_direct(self, group, native, a, b, c=_TWO_ARGS) -> bool:
+        """The api's fast path, written once ([Note: the api's fast path]): runs native(a, b[, c]), one of
+        shm_all_reduce_ (tensor, op, algo), shm_reduce_scatter (input, output, op) and shm_all_gather
+        (input, output), on the calling thread, if this communicator runs on shared memory only, has
+        nothing pending (else run() must order the call) and is still the one of `group` (the argument
+        as the caller passed it). Every rank of the group calls it, as any blocking collective. Returns
+        True when the collective ran (counted in seq), False when the caller must take its slow path.
+        A timeout or a mismatch is re-raised naming the flight recorder's dump. Fixed arguments rather
+        than *args: the packed call cost 0.02-0.03 us more per 4 KiB call (benchmarks/RESULTS.md)."""
         if not self.shm_direct or self._pending:  # _pending read under the GIL; only the calling thread submits
             return False
         if not (self.group is _c10d._world.default_pg if group is None else self.group is group and
                 dist.is_initialized()):  # serves(group)
             return False
         try:
-            if not native(*args):
+            if not (native(a, b) if c is _TWO_ARGS else native(a, b, c)):
                 return False
         except Exception as e:
             self.direct_failed(e, native.__name__.rstrip("_"))  # the op's name: all_reduce_ -> all_reduce
