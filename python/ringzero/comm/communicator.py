@@ -219,7 +219,7 @@ class Communicator:
 
         def task():
             # The caller goes on computing while this runs, so the wait must not spin on its core
-            # ([Note: waiting in the shared-memory collectives], csrc/core/shm_comm.cpp); inline calls
+            # ([Note: waiting in the shared-memory collectives], csrc/core/shm_wait.h); inline calls
             # run only once nothing is pending, by then spinning is back on.
             shm = self.shm
             if shm is not None:
