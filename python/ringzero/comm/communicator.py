@@ -4,7 +4,7 @@ It takes the group's HostGroup (comm/host_group.py: the validated configuration,
 host, the store rendezvous), sets up the shared-memory segment for the ranks of this host, and picks
 the group's transport once, from its topology (comm/transports.py):
   - one rank: Solo;
-  - one host: SharedMemory, the shared-memory collectives (csrc/core/shm_comm.cpp);
+  - one host: SharedMemory, the shared-memory collectives (csrc/core/shm_collectives.cpp);
   - several hosts with the same number of ranks each: Hierarchical (shared-memory reduce-scatter, one
     ring per local rank across hosts, shared-memory all-gather); its other collectives take the flat ring;
   - otherwise: NetworkRing, the flat ring over torch.distributed point-to-point (comm/ring.py).

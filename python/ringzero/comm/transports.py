@@ -59,7 +59,7 @@ class Solo:
 
 
 class SharedMemory:
-    """Every rank on one host: the shared-memory collectives (csrc/core/shm_comm.cpp) on one segment."""
+    """Every rank on one host: the shared-memory collectives (csrc/core/shm_collectives.cpp) on one segment."""
 
     def __init__(self, shm, algo: int):
         self.shm = shm  # _C.ShmComm
