@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from ..models import Block
-from .strategies import BETAS, WEIGHT_DECAY, DataParallelRun
+from .strategies import BETAS, WEIGHT_DECAY, DataParallelRun, RankEnv, compute_module
 
 MATCHING_BASELINE = {"ddp": "torch-ddp", "zero1": "torch-ddp", "zero2": "torch-fsdp2", "zero3": "torch-fsdp2",
                      "pp": "torch-ddp", "pp+zero1": "torch-ddp", "pp+zero2": "torch-fsdp2",
@@ -34,22 +34,25 @@ def _device_mesh(device_type: str, group):
 class TorchBaselineRun(DataParallelRun):
     """A stock-torch data-parallel row; see the module docstring. No checkpoints (--compare only)."""
 
-    def build(self, name: str, module):
-        env = self.env
+    @classmethod
+    def create(cls, name: str, model, args, env: RankEnv) -> TorchBaselineRun:
+        """`name` (torch-ddp or torch-fsdp2) over env.baseline_group, every rank its own slice."""
+        module = compute_module(model, env)
         if name == "torch-ddp":
             ids = [env.device.index] if env.device.type == "cuda" else None
-            model = torch.nn.parallel.DistributedDataParallel(module, device_ids=ids, process_group=env.baseline_group)
+            wrapped = torch.nn.parallel.DistributedDataParallel(module, device_ids=ids,
+                                                                process_group=env.baseline_group)
         elif name == "torch-fsdp2":
             from torch.distributed.fsdp import fully_shard
 
             mesh = _device_mesh(env.device.type, env.baseline_group)
             for block in [m for m in module.modules() if isinstance(m, Block)]:
                 fully_shard(block, mesh=mesh)
-            model = fully_shard(module, mesh=mesh)
+            wrapped = fully_shard(module, mesh=mesh)
         else:
             raise ValueError(f"unknown torch baseline {name!r}; use torch-ddp or torch-fsdp2")
-        opt = torch.optim.AdamW(model.parameters(), lr=self.args.lr, betas=BETAS, weight_decay=WEIGHT_DECAY)
-        return model, opt
+        opt = torch.optim.AdamW(wrapped.parameters(), lr=args.lr, betas=BETAS, weight_decay=WEIGHT_DECAY)
+        return cls(wrapped, opt, args, dist.get_world_size(), dist.get_rank())
 
     def clip(self, max_norm: float):
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)

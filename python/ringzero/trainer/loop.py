@@ -35,14 +35,15 @@ def rank_env(args, run: str) -> RankEnv:
 
 
 def make_run(run: str, model, args, env: RankEnv):
+    """The run object of `run` (a strategy or a torch baseline) on this rank; every rank calls it."""
     if run in BASELINES:
         from .baselines import TorchBaselineRun
 
-        return TorchBaselineRun(run, model, args, env)
+        return TorchBaselineRun.create(run, model, args, env)
     layout = layout_of(run, dist.get_world_size(), args.pp, args.tp)
     if layout.pipeline:
         return PipelineRun(run, model, args, env)
-    return (TensorParallelRun if layout.tensor_parallel else DataParallelRun)(run, model, args, env)
+    return (TensorParallelRun if layout.tensor_parallel else DataParallelRun).create(run, model, args, env)
 
 
 def train_rank(args, run: str) -> dict:

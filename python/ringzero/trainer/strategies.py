@@ -2,6 +2,8 @@
 ones (tp, tp+zero1) and the pipeline ones (pp, pp+zero1, pp+zero2, and 3d: pipeline stages cut from a
 tensor-parallel model). Every run takes the global batch of a step on its device and returns the
 global loss; the optimizer (FusedAdamW, warm-up) and the global-norm clip are the same for all.
+Each run class gets what it needs as constructor arguments; its create() classmethod builds those
+from a strategy name (wrapping, sharding, the optimizer), so nothing is probed or set before __init__.
 """
 from __future__ import annotations
 
@@ -13,10 +15,14 @@ import torch.distributed as dist
 import ringzero
 
 from ..models import Block, lm_loss
+from ..optim import FusedAdamW
+from ..parallel import (DistributedDataParallel, Mesh, ZeroDataParallel, tensor_parallel_gpt,
+                        vocab_parallel_cross_entropy)
 from ..parallel.clip import clip_grad_norm_
+from ..parallel.layout import Layout
+from ..parallel.pipeline import PipelineRunner, PipelineStage, split
 from ..parallel.tensor_gpt import TensorParallelBlock
 from ..parallel.tensor_state import clip_tensor_parallel_grad_norm_
-from ..parallel.layout import Layout
 from .device import Autocast
 
 WARMUP_STEPS = 10
@@ -50,6 +56,11 @@ def compute_module(module: torch.nn.Module, env: RankEnv) -> torch.nn.Module:
     return Autocast(module, env.device, env.precision) if env.precision == "bf16" else module
 
 
+def fused_adamw(params, args) -> FusedAdamW:
+    """The optimizer of every ringzero run: FusedAdamW at --lr with BETAS and WEIGHT_DECAY."""
+    return FusedAdamW(params, lr=args.lr, betas=BETAS, weight_decay=WEIGHT_DECAY)
+
+
 def _slice(t: torch.Tensor, parts: int, index: int) -> torch.Tensor:
     per = t.shape[0] // parts
     return t[index * per:(index + 1) * per]
@@ -62,32 +73,31 @@ def _free(model: torch.nn.Module):
 
 
 class DataParallelRun:
-    """DDP or ZeRO-1/2/3 over all ranks: each rank takes its slice of the global batch.
-    Subclasses change build() (the stock-torch baselines) and, with tensor parallelism, which ranks
-    share a slice (replicas, replica) and the loss."""
+    """Trains `model` (a data-parallel wrapper over this rank's module) with `opt`: the global batch is
+    cut into `replicas` equal slices and this rank takes slice `replica` (ranks of a replica share it).
+    create() builds ddp and zero1-3 over all ranks; subclasses change the loss, the clip and how
+    create() wraps the model (TensorParallelRun, baselines.TorchBaselineRun)."""
 
-    def __init__(self, strategy: str, model, args, env: RankEnv):
-        self.world, self.rank = dist.get_world_size(), dist.get_rank()
-        if not hasattr(self, "replicas"):
-            self.replicas, self.replica = self.world, self.rank  # data-parallel slices of the batch
-        self.args, self.strategy, self.env = args, strategy, env
-        self.model, self.opt = self.build(strategy, compute_module(model, env))
+    def __init__(self, model: torch.nn.Module, opt: torch.optim.Optimizer, args, replicas: int, replica: int):
+        if not 0 <= replica < replicas:
+            raise ValueError(f"replica {replica} must be in [0, {replicas})")
+        self.model, self.opt, self.args = model, opt, args
+        self.replicas, self.replica = replicas, replica
+
+    @classmethod
+    def create(cls, strategy: str, model, args, env: RankEnv) -> DataParallelRun:
+        """ddp or zero1-3 over the world (zero3 with one unit per Block); every rank calls it."""
+        module = compute_module(model, env)
+        stage = Layout(strategy, dist.get_world_size()).zero_stage
+        if stage == 0:
+            wrapped = DistributedDataParallel(module)
+        else:
+            wrapped = ZeroDataParallel(module, stage=stage, unit=Block if stage == 3 else None)
+        return cls(wrapped, fused_adamw(wrapped.parameters(), args), args, dist.get_world_size(), dist.get_rank())
 
     def loss(self, xs, ys):
         """This replica's mean loss on its slice."""
         return lm_loss(self.model(xs), ys)
-
-    def build(self, strategy: str, module):
-        """(wrapped model, optimizer on its parameters)."""
-        from ..optim import FusedAdamW
-        from ..parallel import DistributedDataParallel, ZeroDataParallel
-
-        stage = Layout(strategy, self.world).zero_stage
-        if stage == 0:
-            model = DistributedDataParallel(module)
-        else:
-            model = ZeroDataParallel(module, stage=stage, unit=Block if stage == 3 else None)
-        return model, FusedAdamW(model.parameters(), lr=self.args.lr, betas=BETAS, weight_decay=WEIGHT_DECAY)
 
     def clip(self, max_norm: float):
         self.model.clip_grad_norm_(max_norm)
@@ -122,32 +132,30 @@ class DataParallelRun:
 class TensorParallelRun(DataParallelRun):
     """tp: the GPT sharded over the --tp ranks of each replica (parallel.tensor_gpt), DDP over the
     replicas; tp+zero1: ZeRO-1 over the replicas instead. The tensor ranks of a replica take the same
-    slice of the batch; the loss is the vocabulary-parallel cross-entropy (no full logits)."""
+    slice of the batch; the loss is the vocabulary-parallel cross-entropy (no full logits).
 
-    def __init__(self, strategy: str, model, args, env: RankEnv):
-        from ..parallel import Mesh, tensor_parallel_gpt
+    mesh: the (dp x tp) mesh; tp_model: the tensor-parallel GPT inside `model`; layout: the run's Layout."""
 
-        self.layout = Layout.of(strategy, dist.get_world_size(), tp=args.tp)
-        self.mesh = Mesh(tp=self.layout.tp)
-        self.replicas, self.replica = self.mesh.size("dp"), self.mesh.index("dp")
-        self.tp_model = tensor_parallel_gpt(model, self.mesh.group("tp"), args.sequence_parallel)
+    def __init__(self, model, opt, args, mesh: Mesh, tp_model, layout: Layout):
+        super().__init__(model, opt, args, replicas=mesh.size("dp"), replica=mesh.index("dp"))
+        self.mesh, self.tp_model, self.layout = mesh, tp_model, layout
+
+    @classmethod
+    def create(cls, strategy: str, model, args, env: RankEnv) -> TensorParallelRun:
+        """Shards `model` over the tensor group (freeing this rank's full copy), then wraps it in DDP or
+        ZeRO-1 over the replicas; every rank calls it."""
+        layout = Layout.of(strategy, dist.get_world_size(), tp=args.tp)
+        mesh = Mesh(tp=layout.tp)
+        tp_model = tensor_parallel_gpt(model, mesh.group("tp"), args.sequence_parallel)
         _free(model)  # this rank keeps its shards only
-        super().__init__(strategy, self.tp_model, args, env)
-
-    def build(self, strategy: str, module):
-        from ..optim import FusedAdamW
-        from ..parallel import DistributedDataParallel, ZeroDataParallel
-
-        dp = self.mesh.group("dp")
-        if self.layout.zero_stage:
-            model = ZeroDataParallel(module, stage=self.layout.zero_stage, process_group=dp)
+        module, dp = compute_module(tp_model, env), mesh.group("dp")
+        if layout.zero_stage:
+            wrapped = ZeroDataParallel(module, stage=layout.zero_stage, process_group=dp)
         else:
-            model = DistributedDataParallel(module, process_group=dp)
-        return model, FusedAdamW(model.parameters(), lr=self.args.lr, betas=BETAS, weight_decay=WEIGHT_DECAY)
+            wrapped = DistributedDataParallel(module, process_group=dp)
+        return cls(wrapped, fused_adamw(wrapped.parameters(), args), args, mesh, tp_model, layout)
 
     def loss(self, xs, ys):
-        from ..parallel import vocab_parallel_cross_entropy
-
         return vocab_parallel_cross_entropy(self.model(xs), ys, self.mesh.group("tp"))
 
     def clip(self, max_norm: float):
@@ -165,10 +173,6 @@ class PipelineRun:
     schedule's forward-only plan)."""
 
     def __init__(self, strategy: str, model, args, env: RankEnv):
-        from ..optim import FusedAdamW
-        from ..parallel import Mesh, ZeroDataParallel, tensor_parallel_gpt, vocab_parallel_cross_entropy
-        from ..parallel.pipeline import PipelineRunner, PipelineStage, split
-
         layout = Layout.of(strategy, dist.get_world_size(), args.pp, args.tp)
         self.layout, self.mesh = layout, Mesh(pp=layout.pp, tp=layout.tp)
         loss_fn = lm_loss
@@ -191,7 +195,7 @@ class PipelineRun:
         if layout.zero_stage:
             module = ZeroDataParallel(module, stage=layout.zero_stage, process_group=self.mesh.group("dp"))
         self.module, self.args, self.zero = module, args, bool(layout.zero_stage)
-        self.opt = FusedAdamW(module.parameters(), lr=args.lr, betas=BETAS, weight_decay=WEIGHT_DECAY)
+        self.opt = fused_adamw(module.parameters(), args)
         stage = PipelineStage(module, self.index, layout.pp, group=self.mesh.group("pp"))
         self.runner = PipelineRunner(stage, args.schedule, args.microbatches, loss_fn=loss_fn, optimizer=None,
                                      transport=env.transport, device=env.device)
