@@ -18,20 +18,12 @@ def require_transformers():
     return transformers
 
 
-def build_hf_model(family: str, layers: int = 2, d_model: int = 64, heads: int = 4, kv_heads: int | None = None,
-                   vocab: int = 256, seq: int = 32, tie_embeddings: bool | None = None, seed: int | None = None):
-    """A randomly initialised causal LM of `family` (one of FAMILIES), float32, in train mode.
-
-    layers: decoder layers; d_model: hidden size; heads: attention heads (must divide d_model);
-    kv_heads: key/value heads for grouped-query attention (llama, qwen2; None: = heads; gpt2 has none);
-    vocab: vocabulary size; seq: the longest sequence (positions); tie_embeddings: share the input
-    embedding with the LM head (None: the family's default, True for gpt2, False otherwise).
-    Dropout is 0 and the attention is PyTorch's SDPA, so that forward is deterministic; the KV cache is
-    off (training). seed: torch.manual_seed(seed) first, so that every rank builds the same weights.
-    """
+def hf_config(family: str, layers: int = 2, d_model: int = 64, heads: int = 4, kv_heads: int | None = None,
+              vocab: int = 256, seq: int = 32, tie_embeddings: bool | None = None):
+    """(transformers config, model class) of build_hf_model's model, without building it: what the
+    training command checks a layout against before any rank starts. Arguments and ValueErrors as
+    build_hf_model's."""
     transformers = require_transformers()
-    import torch
-
     if family not in FAMILIES:
         raise ValueError(f"family={family!r}: use one of {', '.join(FAMILIES)}")
     if d_model % heads:
@@ -54,6 +46,23 @@ def build_hf_model(family: str, layers: int = 2, d_model: int = 64, heads: int =
             config.tie_word_embeddings = bool(tie_embeddings)
         cls = transformers.LlamaForCausalLM if family == "llama" else transformers.Qwen2ForCausalLM
     config._attn_implementation = "sdpa"
+    return config, cls
+
+
+def build_hf_model(family: str, layers: int = 2, d_model: int = 64, heads: int = 4, kv_heads: int | None = None,
+                   vocab: int = 256, seq: int = 32, tie_embeddings: bool | None = None, seed: int | None = None):
+    """A randomly initialised causal LM of `family` (one of FAMILIES), float32, in train mode.
+
+    layers: decoder layers; d_model: hidden size; heads: attention heads (must divide d_model);
+    kv_heads: key/value heads for grouped-query attention (llama, qwen2; None: = heads; gpt2 has none);
+    vocab: vocabulary size; seq: the longest sequence (positions); tie_embeddings: share the input
+    embedding with the LM head (None: the family's default, True for gpt2, False otherwise).
+    Dropout is 0 and the attention is PyTorch's SDPA, so that forward is deterministic; the KV cache is
+    off (training). seed: torch.manual_seed(seed) first, so that every rank builds the same weights.
+    """
+    import torch
+
+    config, cls = hf_config(family, layers, d_model, heads, kv_heads, vocab, seq, tie_embeddings)
     if seed is not None:
         torch.manual_seed(seed)
     model = cls(config).float().train()

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from .hf_layers import causal_lm_loss
 from .hf_plans import HFPlan, find_module, resolve_plan
@@ -50,14 +51,22 @@ class HFDecoderLayer(nn.Module):
     """One transformers decoder layer called with what the model's forward would pass it for positions
     0 .. T-1 and a causal mask. rotary: the model's rotary module for an unparallelized layer (None for
     a ParallelAttention, which makes its own tables from the whole sequence); eager_mask: build the
-    additive causal mask ('eager' attention does not mask without one)."""
+    additive causal mask ('eager' attention does not mask without one); recompute: keep only the layer's
+    input for backward and run the layer again there (torch.utils.checkpoint, non-reentrant, inside this
+    module's forward: models/gpt.py's [Note: recompute inside the Block] holds for it too, so ZeRO-3 may
+    take HFDecoderLayer as its unit)."""
 
-    def __init__(self, layer: nn.Module, rotary: nn.Module | None, eager_mask: bool):
+    def __init__(self, layer: nn.Module, rotary: nn.Module | None, eager_mask: bool, recompute: bool = False):
         super().__init__()
-        self.layer, self.eager_mask = layer, eager_mask
+        self.layer, self.eager_mask, self.recompute = layer, eager_mask, bool(recompute)
         self._rotary = [rotary] if rotary is not None else []  # the model owns it
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.recompute and torch.is_grad_enabled():
+            return checkpoint(self._layer, x, use_reentrant=False)
+        return self._layer(x)
+
+    def _layer(self, x: torch.Tensor) -> torch.Tensor:
         t = x.shape[1]
         kwargs = {}
         if self._rotary:
@@ -82,9 +91,11 @@ class HFHead(nn.Module):
         return self.head(self.norm(x))
 
 
-def hf_as_sequential(model: nn.Module, plan=None) -> nn.Sequential:
+def hf_as_sequential(model: nn.Module, plan=None, recompute: bool = False) -> nn.Sequential:
     """nn.Sequential(HFEmbedding, HFDecoderLayer for each layer, HFHead) sharing `model`'s modules (no
-    copies), for pipeline.split. plan: the model's plan; taken from parallelize() when it ran."""
+    copies), for pipeline.split; forward(idx (B, T) int64) -> logits, as the model's for positions 0 .. T-1
+    and a causal mask. plan: the model's plan; taken from parallelize() when it ran. recompute: every
+    decoder layer recomputes itself in backward (HFDecoderLayer)."""
     plan = _plan_of(model, plan)
     parallel = getattr(model, "ringzero_parallel", None) is not None
     rotary = None if parallel or plan.rotary is None else find_module(model, plan.rotary, plan, "rotary")
@@ -92,7 +103,7 @@ def hf_as_sequential(model: nn.Module, plan=None) -> nn.Sequential:
     positions = find_module(model, plan.position_embedding, plan, "position_embedding") if plan.position_embedding else None
     layers = find_module(model, plan.layers, plan, "layers")
     return nn.Sequential(HFEmbedding(find_module(model, plan.embedding, plan, "embedding"), positions),
-                         *(HFDecoderLayer(layer, rotary, eager) for layer in layers),
+                         *(HFDecoderLayer(layer, rotary, eager, recompute) for layer in layers),
                          HFHead(find_module(model, plan.final_norm, plan, "final_norm"),
                                 find_module(model, plan.head, plan, "head")))
 

@@ -1,0 +1,208 @@
+"""The model families `ringzero train --model` trains, and what every strategy needs from one, decided
+here once (model_family) so that no run branches on the family:
+
+    family = model_family(args)        # GPTFamily ('gpt') or HFFamily ('hf:llama', 'hf:gpt2', 'hf:qwen2')
+    family.check(layout, args)         # ValueError, before any rank starts, for what this family refuses
+    model = family.build()             # the whole model, float32 on the CPU, the same weights on every rank
+    model = model.to(device)           # (the caller's)
+    module = family.module(model)      # what data-parallel runs wrap: forward(idx) -> logits (B, T, vocab)
+    sharded = family.tensor_parallel(model, mesh, sequence_parallel)
+                                       # this rank's shards: forward(idx) -> logits (B, T, vocab / tp); the
+                                       # full `model` is not usable afterwards (its weights are freed or moved)
+    seq = family.sequential(module)    # nn.Sequential(embedding, *layers, head) for pipeline.split (module:
+                                       # from module() or tensor_parallel(); shares its parameters)
+    family.block                       # the layer class: ZeRO-3 / FSDP2 units, layers per pipeline stage
+    family.grad_sync(model, stages)    # the PipelineRunner's grad_sync (an embedding tied to the head), or None
+    family.estimate_model()            # what ringzero.estimate is given for this model, and a note or None
+
+Every family's logits are over the whole byte vocabulary (256) in the same data, so the losses of
+`--model gpt` and `--model hf:*` are the same quantity (models.lm_loss on full logits,
+parallel.vocab_parallel_cross_entropy on a tensor-parallel rank's block).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from ..models import GPT, Block, GPTConfig
+
+GPT_MODEL = "gpt"
+HF_PREFIX = "hf:"
+MODELS = (GPT_MODEL, "hf:llama", "hf:gpt2", "hf:qwen2")
+"""What --model accepts: ringzero's byte GPT (models.GPT, the default) or a transformers family built
+from a small random config (models.hf.build_hf_model; needs `pip install ringzero[hf]`)."""
+VOCAB = 256
+"""Bytes: the vocabulary of ringzero.data, for every family."""
+
+
+def _free(model: nn.Module):
+    """Drops the storage of `model`'s parameters."""
+    for p in model.parameters():
+        p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+
+
+class GPTFamily:
+    """models.GPT from --seq, --layers, --heads, --d-model and --recompute."""
+
+    name = GPT_MODEL
+    block = Block
+
+    def __init__(self, args):
+        if getattr(args, "kv_heads", None) not in (None, args.heads):
+            raise ValueError(f"--kv-heads {args.kv_heads}: the byte GPT has no grouped-query attention (an hf model has)")
+        self.seed = getattr(args, "seed", 0)
+        self.config = GPTConfig(seq_len=args.seq, n_layer=args.layers, n_head=args.heads, d_model=args.d_model,
+                                recompute=getattr(args, "recompute", "none"))
+
+    def check(self, layout, args):
+        """Recompute kinds and the tensor-parallel divisibility of the GPT (parallel.layout's rules)."""
+        from ..parallel.layout import LayoutError
+
+        if layout.tensor_parallel:
+            try:
+                layout.check_model(self.config, bool(getattr(args, "sequence_parallel", False)))
+            except LayoutError as e:
+                raise ValueError(f"{layout.strategy} with --tp {layout.tp}: {e} (--heads, --d-model, --seq)") from None
+
+    def build(self) -> nn.Module:
+        torch.manual_seed(self.seed)
+        return GPT(self.config)
+
+    def module(self, model: nn.Module) -> nn.Module:
+        return model
+
+    def tensor_parallel(self, model: nn.Module, mesh, sequence_parallel: bool) -> nn.Module:
+        from ..parallel import tensor_parallel_gpt
+
+        sharded = tensor_parallel_gpt(model, mesh.group("tp"), sequence_parallel)
+        _free(model)  # this rank keeps its shards only
+        return sharded
+
+    def sequential(self, module: nn.Module) -> nn.Sequential:
+        return module.as_sequential()
+
+    def is_layer(self, module: nn.Module) -> bool:
+        from ..parallel.tensor_gpt import TensorParallelBlock
+
+        return isinstance(module, (Block, TensorParallelBlock))
+
+    def grad_sync(self, model: nn.Module, stages):
+        return None  # nothing is shared between stages
+
+    def estimate_model(self):
+        return self.config, None
+
+
+class HFFamily:
+    """A transformers causal LM (models.hf.build_hf_model) of --layers, --d-model, --heads, --kv-heads,
+    vocabulary VOCAB and --seq positions, trained as parallel.hf_as_sequential's nn.Sequential (positions
+    0 .. T-1, causal mask: the model's own forward for this data). Tensor parallelism is
+    parallel.parallelize with the family's plan; --recompute full recomputes each decoder layer
+    (HFDecoderLayer); 'selective' (GPT's attention core) has no counterpart here and is refused."""
+
+    block = None  # set in __init__: parallel.hf_pipeline.HFDecoderLayer (needs transformers' import to have worked)
+
+    def __init__(self, args):
+        from ..models.hf import hf_config  # ImportError naming `pip install ringzero[hf]` without transformers
+        from ..parallel.hf_pipeline import HFDecoderLayer
+
+        self.name, self.seed = args.model, getattr(args, "seed", 0)
+        self.family = args.model[len(HF_PREFIX):]
+        self.block = HFDecoderLayer
+        self.recompute = getattr(args, "recompute", "none")
+        self.kwargs = dict(layers=args.layers, d_model=args.d_model, heads=args.heads,
+                           kv_heads=getattr(args, "kv_heads", None), vocab=VOCAB, seq=args.seq)
+        self.config, _ = hf_config(self.family, **self.kwargs)  # ValueError for a shape the family cannot have
+
+    @property
+    def tied(self) -> bool:
+        """The LM head shares the token embedding's weight (gpt2)."""
+        return bool(getattr(self.config, "tie_word_embeddings", False))
+
+    def check(self, layout, args):
+        """Refused: --recompute selective; a tp that the plan cannot split the model by (heads, key/value
+        heads, vocabulary, MLP width; the sequence with --sequence-parallel); a tied embedding split over
+        pipeline stages under ZeRO (see the message)."""
+        from ..parallel.hf_plans import PLANS, check_config
+
+        if self.recompute == "selective":
+            raise ValueError(f"--model {self.name}: --recompute selective recomputes the byte GPT's attention core, "
+                             "which a transformers layer does not expose; use --recompute full (each decoder layer)")
+        if layout.tensor_parallel:
+            sp = bool(getattr(args, "sequence_parallel", False))
+            width = getattr(self.config, "intermediate_size", None) or getattr(self.config, "n_inner", None)
+            try:
+                check_config(self.config, PLANS[self.family], layout.tp, sp, seq_len=args.seq)
+                if width % layout.tp:
+                    raise ValueError(f"the MLP's intermediate size {width} is not divisible by the tensor-parallel "
+                                     f"size {layout.tp}")
+            except ValueError as e:
+                raise ValueError(f"{layout.strategy} with --tp {layout.tp} on --model {self.name}: {e} (--heads, "
+                                 "--kv-heads, --d-model, --seq)") from None
+        if self.tied and layout.pipeline and layout.pp > 1 and layout.zero_stage:
+            # tied_embedding_sync adds the two stages' gradients of the shared weight after backward; ZeRO has
+            # already reduced them into its master shards by then, so the two copies would drift apart.
+            raise ValueError(f"{layout.strategy} with --pp {layout.pp} on --model {self.name}: the LM head is tied to "
+                             "the embedding, and its two pipeline copies are kept equal only without ZeRO; use "
+                             "--strategy pp, or --pp 1")
+
+    def build(self) -> nn.Module:
+        from ..models.hf import build_hf_model
+
+        return build_hf_model(self.family, **self.kwargs, seed=self.seed)
+
+    def module(self, model: nn.Module) -> nn.Module:
+        from ..parallel.hf_pipeline import hf_as_sequential
+
+        return hf_as_sequential(model, self.family, recompute=self.recompute == "full")
+
+    def tensor_parallel(self, model: nn.Module, mesh, sequence_parallel: bool) -> nn.Module:
+        """parallelize(model, mesh) in place (the full weights are replaced by this rank's shards), as the
+        nn.Sequential of module()."""
+        from ..parallel.hf_pipeline import hf_as_sequential
+        from ..parallel.parallelize import parallelize
+
+        parallelize(model, mesh, plan=self.family, sequence_parallel=sequence_parallel)
+        return hf_as_sequential(model, recompute=self.recompute == "full")
+
+    def sequential(self, module: nn.Module) -> nn.Sequential:
+        return module
+
+    def is_layer(self, module: nn.Module) -> bool:
+        return isinstance(module, self.block)
+
+    def grad_sync(self, model: nn.Module, stages):
+        """parallel.tied_embedding_sync when the head is tied to the embedding (None otherwise)."""
+        if not self.tied:
+            return None
+        from ..parallel.hf_pipeline import tied_embedding_sync
+
+        return tied_embedding_sync(model, stages, plan=self.family)
+
+    def estimate_model(self):
+        """The parameter count (the estimator's shapes are the byte GPT's: no activations for this model)."""
+        from ..models.hf import build_hf_model
+
+        with torch.device("meta"):
+            model = build_hf_model(self.family, **self.kwargs)
+        return (sum(p.numel() for p in model.parameters()),
+                f"{self.name}: the estimator counts parameters, gradients and optimizer state only (its activation "
+                "model is the byte GPT's)")
+
+
+def check_model_name(name: str) -> str:
+    """`name` if --model accepts it; ValueError listing the names otherwise."""
+    if name not in MODELS:
+        raise ValueError(f"--model {name!r} is not a model; use one of {', '.join(MODELS)}")
+    return name
+
+
+def model_family(args):
+    """The family of --model (args.model, default 'gpt') for these args (--seq, --layers, --d-model, --heads,
+    --kv-heads, --recompute, --seed). ValueError for an unknown name or a shape the family cannot have;
+    ImportError naming `pip install ringzero[hf]` for an hf model without transformers."""
+    name = check_model_name(getattr(args, "model", GPT_MODEL))
+    return GPTFamily(args) if name == GPT_MODEL else HFFamily(args)
+
+
+__all__ = ["MODELS", "VOCAB", "GPTFamily", "HFFamily", "check_model_name", "model_family"]
