@@ -9,10 +9,13 @@ from ..models.gpt import RECOMPUTE_KINDS
 from ..parallel.layout import ALL_STRATEGIES, Layout, LayoutError
 from ..parallel.pipeline.schedules import SCHEDULES, make_plan
 
-BASELINES = ("torch-ddp", "torch-fsdp2")
-"""Stock torch rows for --compare: torch.nn.parallel.DistributedDataParallel and FSDP2's fully_shard."""
+BASELINES = ("torch-ddp", "torch-fsdp2", "torch-pp", "torch-tp", "deepspeed-zero1", "deepspeed-zero2",
+             "deepspeed-zero3")
+"""Stock rows for --compare (trainer/baselines.py): torch DDP, FSDP2, torch.distributed.pipelining,
+DTensor tensor parallelism, and DeepSpeed's ZeRO stages (when deepspeed is installed)."""
 RUNS = ALL_STRATEGIES + BASELINES
-BASELINE_LAYOUT = {"torch-ddp": "ddp", "torch-fsdp2": "zero3"}
+BASELINE_LAYOUT = {"torch-ddp": "ddp", "torch-fsdp2": "zero3", "torch-pp": "pp", "torch-tp": "tp",
+                   "deepspeed-zero1": "zero1", "deepspeed-zero2": "zero2", "deepspeed-zero3": "zero3"}
 """The ringzero strategy with the same memory layout: used for the estimate column and the checks."""
 SCHEDULE_NOTES = {
     "Interleaved1F1B": "needs several stages per rank; ringzero train places one stage per rank",

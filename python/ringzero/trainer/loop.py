@@ -37,9 +37,9 @@ def rank_env(args, run: str) -> RankEnv:
 def make_run(run: str, model, args, env: RankEnv):
     """The run object of `run` (a strategy or a torch baseline) on this rank; every rank calls it."""
     if run in BASELINES:
-        from .baselines import TorchBaselineRun
+        from .baselines import make_baseline_run
 
-        return TorchBaselineRun.create(run, model, args, env)
+        return make_baseline_run(run, model, args, env)
     layout = layout_of(run, dist.get_world_size(), args.pp, args.tp)
     if layout.pipeline:
         return PipelineRun(run, model, args, env)

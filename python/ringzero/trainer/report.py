@@ -1,26 +1,27 @@
-"""The comparison's outputs: the table (with each ringzero row's ratio to its matching torch row when
-torch rows ran) and the PNG (loss curves, peak memory per rank measured and estimated, tokens/s)."""
+"""The comparison's outputs: the table (with each ringzero row's ratio to its like-for-like stock row,
+baselines.LIKE_FOR_LIKE, named in the "vs" column) and the PNG (loss curves, peak memory per rank
+measured and estimated, tokens/s)."""
 from __future__ import annotations
 
 import math
 
-from .baselines import MATCHING_BASELINE
+from .baselines import LIKE_FOR_LIKE
 
 _COLUMNS = [("strategy", "{:<10}", "strategy"), ("train loss", "{:>10.4f}", "final_train_loss"),
             ("val loss", "{:>9.4f}", "final_val_loss"), ("tokens/s", "{:>9.0f}", "tokens_per_s"),
             ("step ms", "{:>8.1f}", "step_ms"), ("peak MiB/rank", "{:>13.1f}", "peak_mib_per_rank"),
             ("estimate MiB", "{:>12.1f}", "estimate_mib_per_rank"), ("comm s", "{:>7.2f}", "comm_s")]
-_RATIOS = [("vs torch", "{:<11}", "ref"), ("tok/s x", "{:>7.2f}", "tokens_per_s"),
+_RATIOS = [("vs", "{:<15}", "ref"), ("tok/s x", "{:>7.2f}", "tokens_per_s"),
            ("step x", "{:>6.2f}", "step_ms"), ("peak x", "{:>6.2f}", "peak_mib_per_rank")]
 
 
 def ratios(results: list[dict]) -> dict[str, dict]:
-    """For each ringzero row whose matching torch row (MATCHING_BASELINE) is in `results`: the torch
-    row's name ('ref') and our value over theirs for tokens/s, step time and peak memory per rank."""
+    """For each ringzero row with a stock row in `results` (the first of LIKE_FOR_LIKE[row] that ran):
+    that row's name ('ref') and our value over theirs for tokens/s, step time and peak memory per rank."""
     by = {r["strategy"]: r for r in results}
     out = {}
     for r in results:
-        ref = by.get(MATCHING_BASELINE.get(r["strategy"], ""))
+        ref = next((by[name] for name in LIKE_FOR_LIKE.get(r["strategy"], ()) if name in by), None)
         if ref is not None:
             out[r["strategy"]] = {"ref": ref["strategy"], **{k: r[k] / ref[k] if ref[k] else math.nan
                                                              for _, _, k in _RATIOS[1:]}}
