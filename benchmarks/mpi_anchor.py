@@ -275,16 +275,9 @@ def main(argv=None):
     if args.worker == "mpi":
         return mpi_worker(args)
     if args.worker == "ringzero":  # one rank of torchrun's
-        import torch.distributed as dist
+        from ringzero.launch import run_as_user_script
 
-        import ringzero
-
-        dist.init_process_group("gloo")
-        try:
-            return ringzero_worker(args)
-        finally:
-            ringzero.destroy_communicators()
-            dist.destroy_process_group()
+        return run_as_user_script(ringzero_worker, args)
     impls = [i for i in args.impls.split(",") if i]
     unknown = [i for i in impls if i not in IMPLS]
     if unknown:

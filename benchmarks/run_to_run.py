@@ -159,16 +159,9 @@ def main(argv=None):
     args.sizes = [parse_size(s) for s in args.sizes.split(",") if s]
     if args.worker:
         if "RANK" in os.environ:  # one rank of torchrun's
-            import torch.distributed as dist
+            from ringzero.launch import run_as_user_script
 
-            import ringzero
-
-            dist.init_process_group("gloo")
-            try:
-                return worker(args)
-            finally:
-                ringzero.destroy_communicators()
-                dist.destroy_process_group()
+            return run_as_user_script(worker, args)
         from ringzero.launch import launch
 
         return launch(worker, args.nproc, args)

@@ -137,3 +137,18 @@ def launch(fn, nproc: int, *args, device: str = "cpu"):
         raise ValueError(f"--nproc must be a positive int, got {nproc!r}")
     mp.start_processes(_worker, args=(nproc, _free_port(), fn, args, device), nprocs=nproc, join=True,
                        start_method="spawn")
+
+
+def run_as_user_script(fn, *args):
+    """Runs fn(*args) in this torchrun rank as a user's own script would: init_process_group("gloo") from
+    torchrun's environment, nothing bound by a launcher (the ranks then bind themselves at setup,
+    [Note: binding at setup] in comm/affinity.py), and the process group torn down after. The benchmarks
+    that set ringzero against other libraries launch it this way, as most users do."""
+    import ringzero
+
+    dist.init_process_group("gloo")
+    try:
+        return fn(*args)
+    finally:
+        ringzero.destroy_communicators()
+        dist.destroy_process_group()
