@@ -59,6 +59,19 @@ def test_multi_host_matches_gloo(hosts, mode):
     assert results[0][1] > 0
 
 
+@pytest.mark.parametrize("hosts", ["a,a,b,b", "a,b,a,b,a,b"])
+def test_pipelined_hierarchical_matches_gloo(hosts):
+    """The hierarchical all-reduce cut in segments (comm/transports.py [Note: the pipelined hierarchical
+    all-reduce]) with 1 KiB segments, so that the sizes from 1031 elements up take it."""
+    def body(rank, world):
+        from ringzero.comm import transports
+        transports.PIPELINE_SEGMENT_BYTES = 1024
+        return multi_host_body(rank, world)
+    world = len(hosts.split(","))
+    results = run_ranks(world, body, env={**SMALL_BUFFERS, "RINGZERO_HOST_IDS": hosts})
+    assert all(m == "hierarchical" for m, _ in results), results
+
+
 def test_default_buffer_streams_large_tensor():
     """A tensor larger than the default 1 MiB staging buffer, with the default settings."""
     def body(rank, world):

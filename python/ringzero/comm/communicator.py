@@ -243,6 +243,8 @@ class Communicator:
         self.flight.sources.clear()
         self.busy_s = self.seconds()  # the fast path's share, before the native counter goes
         self._shm_in_run_s = 0.0
+        if hasattr(self.transport, "close"):  # Hierarchical's cross-host thread
+            self.transport.close()
         self.shm = self.transport = None  # the transports hold the segment too
         self.shm_direct = False
         self.shm_all_reduce_ = self.shm_reduce_scatter = self.shm_all_gather = None

@@ -13,6 +13,41 @@ from __future__ import annotations
 import torch
 
 
+def all_reduce_pipelined(x: torch.Tensor, local_world: int, segment_numel: int, reduce_scatter, cross_start,
+                         cross_finish, all_gather):
+    """all_reduce_hierarchical's result, with the three steps pipelined over segments of x (the CPU path
+    for large messages): the in-host steps of one segment overlap the cross-host step of another.
+
+    x (flat, contiguous) is cut into segments of segment_numel elements (a multiple of local_world; the
+    last may be shorter, padded with zeros in a copy). reduce_scatter(seg, part) and all_gather(part,
+    seg) are as in all_reduce_hierarchical and run on the calling thread, in the same order on every
+    local rank: RS(0), RS(1), AG(0), RS(2), AG(1), ..., AG(K-1). cross_start(part) starts the cross-host
+    all-reduce of part in the background (in segment order) and returns a handle; cross_finish(handle)
+    waits for it (bounded) and raises its error.
+
+    Cost: with K segments the link is busy from the end of RS(0) to the start of AG(K-1); the in-host
+    steps the link does not hide are one segment's reduce-scatter and one segment's all-gather.
+    """
+    L = local_world
+    segments = list(x.split(segment_numel))
+    tail = segments[-1]
+    padded = -(-tail.numel() // L) * L
+    if padded != tail.numel():  # only the last segment can be uneven
+        segments[-1] = torch.cat([tail, tail.new_zeros(padded - tail.numel())])
+    parts = [seg.new_empty(seg.numel() // L) for seg in segments]
+    handles = []
+    for k, seg in enumerate(segments):
+        reduce_scatter(seg, parts[k])
+        handles.append(cross_start(parts[k]))
+        if k >= 1:  # the previous segment's all-gather while this one crosses the link
+            cross_finish(handles[k - 1])
+            all_gather(parts[k - 1], segments[k - 1])
+    cross_finish(handles[-1])
+    all_gather(parts[-1], segments[-1])
+    if segments[-1] is not tail:
+        tail.copy_(segments[-1][:tail.numel()])
+
+
 def all_reduce_hierarchical(x: torch.Tensor, local_world: int, reduce_scatter, cross_all_reduce, all_gather):
     """Reduces the flat contiguous `x` in place over every rank of every host.
 
@@ -34,4 +69,4 @@ def all_reduce_hierarchical(x: torch.Tensor, local_world: int, reduce_scatter, c
         x.copy_(gathered[: x.numel()])
 
 
-__all__ = ["all_reduce_hierarchical"]
+__all__ = ["all_reduce_hierarchical", "all_reduce_pipelined"]

@@ -3,6 +3,14 @@ steps: the path between hosts. gloo only moves bytes; the schedule and the arith
 
 Every transfer is cut into slices of RINGZERO_RING_SLICE_BYTES that are all posted at once, so the
 reduction of slice i overlaps the transfer of slice i+1 (NCCL's pipelining, on the host).
+
+[Note: the slice pipeline] gloo matches a pair's messages in the order they were posted, so a rank may
+post every receive of a collective at its start and each send as soon as its slice is ready: the right
+neighbour posts its receives in the same (step, slice) order in which this rank sends. A receive posted
+early into a buffer that the collective still reads (all_reduce: a chunk this rank sends in an earlier
+step) is safe: the bytes that land there are the slice's final value, which exists only after this
+rank's own send of that slice has gone round the ring. Measured in the host lab (benchmarks/RESULTS.md, issue 36): the step-by-step
+ring left the link idle between steps and reached 75-77% of a 1 Gbit/s link with 1 MiB slices.
 """
 from __future__ import annotations
 
@@ -83,25 +91,59 @@ class P2PRing:
     # ---- collectives ------------------------------------------------------------------------------
     def all_reduce(self, x: torch.Tensor, op: ReduceOp, divisor: int = 1):
         """In place. Ring reduce-scatter (n-1 steps) then ring all-gather (n-1 steps); each rank
-        sends and receives 2(n-1)/n of the buffer. op is SUM/MIN/MAX/PRODUCT; divisor applies AVG."""
+        sends and receives 2(n-1)/n of the buffer. op is SUM/MIN/MAX/PRODUCT; divisor applies AVG.
+
+        Pipelined by slice across all 2(n-1) steps ([Note: the slice pipeline]): every receive is posted
+        at the start, and a slice goes on to the next step as soon as it has been folded (reduce-scatter)
+        or has landed (all-gather), so both directions of the link stay busy from the first slice to the
+        last with no pause between steps. The arithmetic and its order are those of the step-by-step ring.
+        """
+        self.all_reduce_finish(self.all_reduce_start(x, op, divisor))
+
+    def all_reduce_start(self, x: torch.Tensor, op: ReduceOp, divisor: int = 1, tag: int = 0):
+        """all_reduce's first half: posts every receive and the first step's sends, and returns the state
+        that all_reduce_finish takes. Another thread may finish it while this one starts the next (the
+        hierarchical pipeline); calls that are in flight together need distinct tags (gloo matches a
+        pair's messages in posting order per tag, and the two threads post in no fixed order)."""
         n, pos = self.n, self.pos
         if n == 1:
             if divisor > 1:
                 _C.reduce_(x, [x], int(ReduceOp.SUM), divisor)
-            return
+            return None
         chunks = list(x.tensor_split(n))
-        tmp = torch.empty(chunks[0].numel(), dtype=x.dtype)
-        for t in range(n - 1):
-            send, recv = chunks[(pos - t) % n], chunks[(pos - t - 1) % n]
-            last = t == n - 2
+        # Step s < n-1 (reduce-scatter) sends chunk pos-s and folds chunk pos-s-1 into itself from a
+        # staging buffer; step s >= n-1 (all-gather step t = s-n+1) sends chunk pos+1-t and receives chunk
+        # pos-t in place. What step s receives is what step s+1 sends, slice for slice.
+        send_chunk = [(pos - s) % n if s < n - 1 else (pos + 1 - (s - n + 1)) % n for s in range(2 * (n - 1))]
+        recv_chunk = [(pos - s - 1) % n if s < n - 1 else (pos - (s - n + 1)) % n for s in range(2 * (n - 1))]
+        staging = torch.empty((n - 1, chunks[0].numel()), dtype=x.dtype)
+        recvs = []  # (step, offset, landing piece, work): all posted now, in the order the left sends them
+        for s in range(2 * (n - 1)):
+            dst = chunks[recv_chunk[s]]
+            land = staging[s][:dst.numel()] if s < n - 1 else dst
+            off = 0
+            for piece in self._slices(land):
+                recvs.append((s, off, piece, dist.irecv(piece, self.left, group=self.group, tag=tag)))
+                off += piece.numel()
+        sends = [dist.isend(p, self.right, group=self.group, tag=tag) for p in self._slices(chunks[send_chunk[0]])]
+        return chunks, recv_chunk, staging, recvs, sends, op, divisor, tag
 
-            def fold(off, piece, recv=recv, last=last):
-                d = recv[off:off + piece.numel()]
-                self._fold(d, piece, op, divisor if last else 1)
-
-            self._sendrecv(send, tmp[:recv.numel()], on_recv=fold)
-        for t in range(n - 1):
-            self._sendrecv(chunks[(pos + 1 - t) % n], chunks[(pos - t) % n])
+    def all_reduce_finish(self, state):
+        """all_reduce's second half: folds and forwards each slice as it lands; returns when done."""
+        if state is None:
+            return
+        chunks, recv_chunk, staging, recvs, sends, op, divisor, tag = state
+        n = self.n
+        for s, off, piece, work in recvs:
+            self._wait(work, self.left)
+            k = piece.numel()
+            if s < n - 1:
+                piece = chunks[recv_chunk[s]][off:off + k]
+                self._fold(piece, staging[s][off:off + k], op, divisor if s == n - 2 else 1)
+            if s < 2 * (n - 1) - 1:  # the last all-gather step forwards nothing
+                sends.append(dist.isend(piece, self.right, group=self.group, tag=tag))
+        for w in sends:
+            self._wait(w, self.right)
 
     def reduce_scatter(self, inp: torch.Tensor, out: torch.Tensor, op: ReduceOp, divisor: int = 1):
         """inp holds n blocks of out.numel(); out receives block `pos` reduced over all members.

@@ -8,10 +8,12 @@ called by every rank of the group in the same order. The CUDA transports (cuda.p
 """
 from __future__ import annotations
 
+import concurrent.futures
+
 import torch
 
 from .errors import CollectiveMismatch
-from .hierarchical import all_reduce_hierarchical
+from .hierarchical import all_reduce_hierarchical, all_reduce_pipelined
 from .ring import P2PRing
 from .types import SUPPORTED_DTYPES, CollectiveKind, ReduceOp
 
@@ -164,12 +166,18 @@ class Hierarchical(NetworkRing):
         self.cross_peers = cross_peers
         self.shm = shm
         self.local_world = local_world
+        self._worker = None  # the cross-host thread of the pipelined all-reduce, made at its first use
 
     def all_reduce(self, x: torch.Tensor, op: ReduceOp):
         x = x.view(-1)
         base, divisor = split_avg(op, self.world)
         self.begin("all_reduce", x, reduce_op=op)  # the fingerprint check (RINGZERO_DEBUG=1) spans the group
         shm = self.shm
+        reduce_scatter = lambda staged, part: shm.reduce_scatter(staged, part, int(base))  # noqa: E731
+        segment_numel = self.segment_numel(x)
+        if segment_numel:
+            self._all_reduce_pipelined(x, segment_numel, base, divisor, reduce_scatter)
+            return
 
         def cross(part):  # AVG: the ring divides at its last step ([Note: AVG in the hierarchical all-reduce])
             # The local ranks wait for this one in the all-gather that follows, each on its own clock: the
@@ -184,8 +192,79 @@ class Hierarchical(NetworkRing):
                 raise
             shm.set_away([])
 
-        all_reduce_hierarchical(x, self.local_world, lambda staged, part: shm.reduce_scatter(staged, part, int(base)),
-                                cross, shm.all_gather)
+        all_reduce_hierarchical(x, self.local_world, reduce_scatter, cross, shm.all_gather)
+
+    def segment_numel(self, x: torch.Tensor) -> int:
+        """Elements per segment of the pipelined all-reduce for x, or 0 where x is too small to cut in
+        PIPELINE_MIN_SEGMENTS segments of PIPELINE_SEGMENT_BYTES (the one-shot path is faster there)."""
+        per = max(self.local_world, PIPELINE_SEGMENT_BYTES // x.element_size() // self.local_world * self.local_world)
+        return per if x.numel() >= PIPELINE_MIN_SEGMENTS * per else 0
+
+    def _all_reduce_pipelined(self, x, segment_numel, base, divisor, reduce_scatter):
+        """The cross-host rings of the segments run one after another on this transport's worker thread
+        while the calling thread does the in-host steps (hierarchical.py all_reduce_pipelined). The
+        segment shows this rank as away on the network for the whole call; a cross-host failure aborts
+        the local ranks' waits quoting it, and is what this rank raises."""
+        shm, label = self.shm, self.running.label("all_reduce")
+        if self._worker is None:
+            self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ringzero-cross-host")
+
+        ring = self.cross_ring
+        ring.begin(label)
+
+        def finish_on_worker(state):
+            try:
+                ring.all_reduce_finish(state)
+            except BaseException as e:
+                shm.abort(f"its cross-host step failed: {e}")
+                raise
+
+        def finish(future):
+            # The ring's own waits end at its deadline (begin); this one only backs them up.
+            return future.result(timeout=ring.timeout_s + 10)
+
+        futures = []
+
+        def start(part):
+            # Posted here, in segment order, so that the next segment's bytes follow the last one's on
+            # the link without waiting for the worker; a tag per segment keeps the two threads' posts
+            # apart ([Note: the slice pipeline], ring.py).
+            state = ring.all_reduce_start(part, base, divisor, tag=PIPELINE_TAG_BASE + len(futures))
+            futures.append(self._worker.submit(finish_on_worker, state))
+            return futures[-1]
+
+        # This rank's in-host waits must not spin: this process's cross-host thread and gloo's threads need
+        # the core meanwhile, and so do the local peer's (with spinning on, 1 MiB segments took 300 ms
+        # where 4 MiB took 150, at 16 MiB in the lab).
+        spin = shm.spin
+        shm.set_spin(False)
+        shm.set_away(self.cross_peers)
+        try:
+            all_reduce_pipelined(x, self.local_world, segment_numel, reduce_scatter, start, finish, shm.all_gather)
+        except BaseException as e:
+            failed = [f.exception(timeout=ring.timeout_s + 10) for f in futures]
+            cause = next((f for f in failed if f is not None), None)
+            if cause is not None and cause is not e:  # the cross-host error names the culprit rank
+                raise cause from e
+            raise
+        finally:
+            shm.set_spin(spin)
+        shm.set_away([])
+
+    def close(self):
+        if self._worker is not None:
+            self._worker.shutdown(wait=True)
+            self._worker = None
+
+
+# [Note: the pipelined hierarchical all-reduce] segments of 4 MiB, from 2 segments up: at 16 MiB over
+# 2 lab hosts x 2 ranks at 1 Gbit/s the in-host steps took 20 ms of 166 when they ran before and after
+# the cross-host ring; cut in segments they overlap it and only one segment's pair stays exposed
+# (benchmarks/RESULTS.md, issue 36).
+PIPELINE_SEGMENT_BYTES = 4 << 20
+PIPELINE_MIN_SEGMENTS = 2
+PIPELINE_TAG_BASE = 1 << 20
+"""gloo tags of the pipeline's segments: PIPELINE_TAG_BASE + segment index (the rings' other calls use tag 0)."""
 
 
 __all__ = ["RunningCall", "Solo", "SharedMemory", "NetworkRing", "Hierarchical", "split_avg"]
