@@ -1,11 +1,13 @@
-"""`ringzero train`: trains the byte-level GPT on the standard library's sources with one strategy,
-or several in turn (`--compare`) on the same data and seed, and prints one table (and a PNG).
+"""`ringzero train`: trains the byte-level GPT (or a small random Hugging Face model, --model hf:llama,
+hf:gpt2, hf:qwen2) on the standard library's sources with one strategy, or several in turn (`--compare`)
+on the same data and seed, and prints one table (and a PNG).
 
     ringzero train --strategy zero2 --nproc 2
     ringzero train --compare ddp,zero1,zero2,zero3,pp --nproc 2 --out runs/compare
     ringzero train --compare torch-ddp,ddp,torch-fsdp2,zero3 --device cuda --steps 20
     ringzero train --compare ddp,tp,tp+zero1 --nproc 4 --tp 2 --sequence-parallel
     ringzero train --strategy 3d --nproc 4 --tp 2 --pp 2
+    ringzero train --model hf:llama --kv-heads 2 --compare ddp,zero3,pp,tp --nproc 2
 
 Each strategy runs in fresh processes (so peak memory is its own); rank 0 writes a JSON summary that
 the parent collects. Under torchrun, only --strategy is accepted and the current processes train.
@@ -24,6 +26,7 @@ import torch.distributed as dist
 from .parallel.layout import ALL_STRATEGIES, is_tensor_parallel
 from .parallel.pipeline.schedules import SCHEDULES
 from .trainer.layout import BASELINES, RUNS, SCHEDULE_NOTES
+from .trainer.models import MODELS
 
 
 def parse_args(argv=None):
@@ -48,6 +51,11 @@ def parse_args(argv=None):
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--d-model", type=int, default=256)
     p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--model", default="gpt", help=f"{', '.join(MODELS)}: ringzero's byte GPT (default), or a "
+                   "transformers model of that family built from a random config of the sizes above (vocabulary "
+                   "256, no download; needs pip install ringzero[hf])")
+    p.add_argument("--kv-heads", type=int, default=None, help="hf:llama, hf:qwen2: key/value heads for grouped-query "
+                   "attention (default: --heads)")
     p.add_argument("--recompute", default="none", help="activation recomputation: none, selective (the attention "
                    "core between qkv and proj), full (each transformer block from its input); default none")
     p.add_argument("--lr", type=float, default=2e-3)
@@ -75,8 +83,9 @@ def parse_args(argv=None):
     if (args.tp or 1) > 1 and not any(is_tensor_parallel(s) for s in args.strategies):
         # --compare ignores --tp in its other rows (as --pp), but a --tp that no row uses is a mistake
         p.error(f"--tp {args.tp} needs a tensor-parallel strategy (tp, tp+zero1, 3d) among the runs")
-    for name in ("nproc", "steps", "batch", "seq", "layers", "d_model", "heads", "microbatches", "val_batches"):
-        if getattr(args, name) < 1:
+    for name in ("nproc", "steps", "batch", "seq", "layers", "d_model", "heads", "microbatches", "val_batches",
+                 "kv_heads"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.val_every < 0 or args.save_every < 0:
         p.error("--val-every and --save-every must be >= 0")
@@ -85,18 +94,18 @@ def parse_args(argv=None):
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA device is available")
     from .trainer import check_recompute, check_run, check_schedule
-    from .trainer.layout import model_config
     from .trainer.device import precision_of
+    from .trainer.models import model_family
 
     try:  # everything a rank would refuse, refused here, before any rank is spawned
         check_schedule(args.schedule)
         check_recompute(args.recompute)
         precision = precision_of(args.precision, args.device)
-        cfg = model_config(args)
+        cfg = model_family(args)
         for s in args.strategies:
             check_run(s, args.nproc, args.pp, args.batch, args.microbatches, args.layers, args.schedule, precision,
                       tp=args.tp, model=cfg, sequence_parallel=args.sequence_parallel, recompute=args.recompute)
-    except ValueError as e:
+    except (ValueError, ImportError) as e:  # ImportError: an hf model without transformers, and how to get it
         p.error(str(e))
     if args.resume or args.save_every:
         torch_rows = [s for s in args.strategies if s in BASELINES]
@@ -123,6 +132,14 @@ def _device_note(args) -> str:
     count = torch.cuda.device_count()
     share = f", {args.nproc} ranks sharing them (CUDA IPC)" if gpu_shared(args.nproc, count) else ""
     return f" | {count} x {torch.cuda.get_device_name(0)}{share} | {precision_of(args.precision, 'cuda')}"
+
+
+def _model_note(args) -> str:
+    """The header's model name: nothing for the byte GPT (as before), the family and its shape for hf."""
+    if args.model == "gpt":
+        return ""
+    kv = f", {args.kv_heads} kv heads" if args.kv_heads not in (None, args.heads) else ""
+    return f"{args.model} ({args.layers} layers, d {args.d_model}, {args.heads} heads{kv}) "
 
 
 def main(argv=None):
@@ -163,10 +180,13 @@ def main(argv=None):
         raise SystemExit("ringzero train: no run finished: " + "; ".join(f"{s}: {why}" for s, why in failed))
     print()
     print(f"# ringzero train | {args.nproc} ranks | {args.steps} steps | global batch {args.batch} x {args.seq} bytes | "
-          f"model {results[0]['params'] / 1e6:.2f}M params | {results[0]['corpus']}" + _device_note(args))
+          f"model {_model_note(args)}{results[0]['params'] / 1e6:.2f}M params | {results[0]['corpus']}" + _device_note(args))
     from .trainer import table
 
     print(table(results))
+    notes = {r.get("estimate_note") for r in results} - {None}
+    for note in sorted(notes):
+        print(f"estimate: {note}")
     for s, why in failed:
         print(f"{s}: did not run: {why}")
     if args.out:

@@ -1,6 +1,8 @@
 """The training behind `ringzero train` (train.py is its command line), one concern per module:
 
   layout.py         what is checked before any rank starts (names, layouts; parallel.layout's rules)
+  models.py         the model families of --model (the byte GPT, hf:llama, hf:gpt2, hf:qwen2): what each
+                    strategy needs from a model (build, tensor-parallel form, pipeline cut, ZeRO-3 unit)
   device.py         rank to GPU, process-group backends, precision (pure decisions, unit-tested on CPU)
   strategies.py     ringzero's runs: ddp, zero1-3 (DataParallelRun), tp, tp+zero1 (TensorParallelRun),
                     pp, pp+zero1/2 and 3d (PipelineRun)
@@ -8,7 +10,7 @@
   loop.py           one rank's run: build, resume, train, validate, summarise
   metering.py       peak tensor memory per rank (CPU meter or torch.cuda statistics)
   faults.py         RINGZERO_FAULT, for the restart test
-  estimate_check.py ringzero.estimate's prediction for the same layout (none yet for tensor parallelism)
+  estimate_check.py ringzero.estimate's prediction for the same layout (an hf model as its parameter count)
   report.py         the table with ratios to torch rows, and the PNG
 """
 from .estimate_check import estimate_for_run

@@ -1,7 +1,8 @@
 """The estimator's prediction for a run, put beside the measured peak memory (the cross-check)."""
 from __future__ import annotations
 
-from .layout import BASELINE_LAYOUT, estimator_schedule, layout_of, model_config
+from .layout import BASELINE_LAYOUT, estimator_schedule, layout_of
+from .models import model_family
 
 ESTIMATOR_STRATEGY = {"tp": "ddp", "tp+zero1": "zero1", "3d": "pp+zero1"}
 """The estimator's name for what each tensor-parallel run does across its replicas (the estimator puts
@@ -12,7 +13,9 @@ def estimate_for_run(args, run: str, world: int, layers_per_stage=None) -> dict:
     """ringzero.estimate's prediction for this run (float32 AdamW, the same model, batch and layout; a
     torch row takes the layout of its ringzero counterpart, layout.BASELINE_LAYOUT): the fullest rank's
     total, each rank's total (rank r is stage r // dp) and the terms of the fullest. A tensor-parallel
-    run is estimated with its tp degree and sequence parallelism; its ranks' stages are r // (dp * tp)."""
+    run is estimated with its tp degree and sequence parallelism; its ranks' stages are r // (dp * tp).
+    A model the estimator has no shape for (an hf model: models.HFFamily.estimate_model) is given as its
+    parameter count, so its activations are not estimated; "estimate_note" says so (None otherwise)."""
     from ..estimate import Plan, estimate
 
     layout = layout_of(run, world, args.pp, args.tp)
@@ -21,9 +24,10 @@ def estimate_for_run(args, run: str, world: int, layers_per_stage=None) -> dict:
                 microbatches=args.microbatches if layout.pipeline else 1,
                 schedule=estimator_schedule(args.schedule), recompute=getattr(args, "recompute", "none"),
                 layers_per_stage=tuple(layers_per_stage) if layers_per_stage else None)
-    e = estimate(model_config(args), batch=args.batch, plan=plan)
+    model, note = model_family(args).estimate_model()
+    e = estimate(model, batch=args.batch, plan=plan)
     mib = 2**20
-    return {"estimate_mib_per_rank": e.total_bytes / mib,
+    return {"estimate_mib_per_rank": e.total_bytes / mib, "estimate_note": note,
             "estimate_layout": BASELINE_LAYOUT.get(run, run),
             "estimate_mib_by_rank": [e.stages[r // (plan.dp * plan.tp)].total_bytes / mib for r in range(world)],
             "estimate_terms_mib": {"parameters": e.params_bytes / mib, "gradients": e.grads_bytes / mib,

@@ -4,7 +4,6 @@ worded with this command's flags, plus what training adds (blocks per stage, bat
 schedule's own microbatch rules)."""
 from __future__ import annotations
 
-from ..models import GPTConfig
 from ..models.gpt import RECOMPUTE_KINDS
 from ..parallel.layout import ALL_STRATEGIES, Layout, LayoutError
 from ..parallel.pipeline.schedules import SCHEDULES, make_plan
@@ -28,13 +27,6 @@ _CLI_WORDING = {
     "tp_divides_world": "--tp {tp} must divide --nproc {world}",
     "pp_tp_divides_world": "--pp {pp} times --tp {tp} must divide --nproc {world}",
 }
-
-
-def model_config(args) -> GPTConfig:
-    """The GPT that `ringzero train` trains (and the estimate describes), from --seq, --layers, --heads,
-    --d-model and --recompute (bytes: vocab 256)."""
-    return GPTConfig(seq_len=args.seq, n_layer=args.layers, n_head=args.heads, d_model=args.d_model,
-                     recompute=getattr(args, "recompute", "none"))
 
 
 def layout_of(run: str, nproc: int, pp: int | None, tp: int | None = None) -> Layout:
@@ -69,18 +61,15 @@ def check_run(run: str, nproc: int, pp: int | None, batch: int, microbatches: in
               schedule: str = "1F1B", precision: str = "fp32", tp: int | None = None, model=None,
               sequence_parallel: bool = False, recompute: str = "none") -> Layout:
     """Raises ValueError, before any rank starts, for a run that cannot work; returns its Layout.
-    precision: the resolved one (device.precision_of), 'fp32' or 'bf16'. model: the run's
-    models.GPTConfig, checked against the tensor-parallel size (heads, MLP width, vocabulary, and the
-    sequence with sequence_parallel). recompute: GPTConfig.recompute."""
+    precision: the resolved one (device.precision_of), 'fp32' or 'bf16'. model: the run's model family
+    (models.model_family), whose check() refuses what it cannot split (the tensor-parallel size against
+    heads, MLP width, vocabulary, and the sequence with sequence_parallel). recompute: --recompute."""
     if run not in RUNS:
         raise ValueError(f"unknown strategy {run!r}; choose from {', '.join(RUNS)}")
     check_recompute(recompute)
     layout = layout_of(run, nproc, pp, tp)
-    if layout.tensor_parallel and model is not None:
-        try:
-            layout.check_model(model, sequence_parallel)
-        except LayoutError as e:
-            raise ValueError(f"{run} with --tp {layout.tp}: {e} (--heads, --d-model, --seq)") from None
+    if model is not None:
+        model.check(layout, sequence_parallel)
     stages, dp = layout.pp, layout.dp
     if run == "pp" and dp != 1:
         raise ValueError(f"pp: --pp {stages} with --nproc {nproc} leaves {dp} data-parallel replicas; use pp+zero1 or "

@@ -10,12 +10,12 @@ import ringzero
 
 from ..data import batch as make_batch
 from ..data import corpus_info, stdlib_corpus
-from ..models import GPT
 from ..parallel.pipeline.transport import choose_transport
 from . import device as devices
 from .estimate_check import estimate_for_run
 from .faults import maybe_fault
-from .layout import BASELINES, layout_of, model_config
+from .layout import BASELINES, layout_of
+from .models import model_family
 from .metering import METERED_STEPS, PeakMemory
 from .strategies import DataParallelRun, PipelineRun, RankEnv, TensorParallelRun
 
@@ -35,7 +35,8 @@ def rank_env(args, run: str) -> RankEnv:
 
 
 def make_run(run: str, model, args, env: RankEnv):
-    """The run object of `run` (a strategy or a torch baseline) on this rank; every rank calls it."""
+    """The run object of `run` (a strategy or a torch baseline) on this rank, training `model` (as the
+    family of --model built it, trainer/models.py); every rank calls it."""
     if run in BASELINES:
         from .baselines import make_baseline_run
 
@@ -90,9 +91,8 @@ def _train(args, run: str, env: RankEnv, stop_meter=lambda: None):
     rank, world = dist.get_rank(), dist.get_world_size()
     if env.device.type == "cuda" and env.precision == "fp32":
         torch.set_float32_matmul_precision("highest")  # fp32 means float32 matmuls, not TF32
-    torch.manual_seed(args.seed)
-    cfg = model_config(args)
-    model = GPT(cfg)  # built on the CPU from the seed: the same weights on every device
+    family = model_family(args)
+    model = family.build()  # on the CPU from --seed: the same weights on every device
     n_params = sum(p.numel() for p in model.parameters())
     model = model.to(env.device)
     train_data, val_data = stdlib_corpus()
@@ -138,7 +138,8 @@ def _train(args, run: str, env: RankEnv, stop_meter=lambda: None):
     step_s = sum(timed) / max(1, len(timed))
     return {
         "strategy": run, "ranks": world, "steps": args.steps, "start_step": start,
-        "params": n_params, "device": str(env.device.type), "precision": env.precision, "recompute": cfg.recompute,
+        "params": n_params, "model": family.name, "device": str(env.device.type), "precision": env.precision,
+        "recompute": getattr(args, "recompute", "none"),
         "pipeline_transport": env.transport if layout_of(run, world, args.pp, args.tp).pipeline else None,
         "tp": layout_of(run, world, args.pp, args.tp).tp,
         "corpus": corpus_info(),

@@ -2,7 +2,7 @@
 here once (model_family) so that no run branches on the family:
 
     family = model_family(args)        # GPTFamily ('gpt') or HFFamily ('hf:llama', 'hf:gpt2', 'hf:qwen2')
-    family.check(layout, args)         # ValueError, before any rank starts, for what this family refuses
+    family.check(layout, sequence_parallel)  # ValueError, before any rank starts, for what it refuses
     model = family.build()             # the whole model, float32 on the CPU, the same weights on every rank
     model = model.to(device)           # (the caller's)
     module = family.module(model)      # what data-parallel runs wrap: forward(idx) -> logits (B, T, vocab)
@@ -11,7 +11,9 @@ here once (model_family) so that no run branches on the family:
                                        # full `model` is not usable afterwards (its weights are freed or moved)
     seq = family.sequential(module)    # nn.Sequential(embedding, *layers, head) for pipeline.split (module:
                                        # from module() or tensor_parallel(); shares its parameters)
-    family.block                       # the layer class: ZeRO-3 / FSDP2 units, layers per pipeline stage
+    family.block                       # the layer class: ZeRO-3 / FSDP2 units
+    family.is_layer(m)                 # m is a layer (of module() or tensor_parallel()): layers per stage
+    family.name                        # the --model name
     family.grad_sync(model, stages)    # the PipelineRunner's grad_sync (an embedding tied to the head), or None
     family.estimate_model()            # what ringzero.estimate is given for this model, and a note or None
 
@@ -35,10 +37,13 @@ VOCAB = 256
 """Bytes: the vocabulary of ringzero.data, for every family."""
 
 
-def _free(model: nn.Module):
-    """Drops the storage of `model`'s parameters."""
+def free_parameters(model: nn.Module, keep=()):
+    """Drops the storage of `model`'s parameters but those in `keep` (a rank keeps only its own shards or
+    pipeline stage, which may share a parameter with another stage: an embedding tied to the head)."""
+    kept = {id(p) for p in keep}
     for p in model.parameters():
-        p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+        if id(p) not in kept:
+            p.data = torch.empty(0, dtype=p.dtype, device=p.device)
 
 
 class GPTFamily:
@@ -49,18 +54,19 @@ class GPTFamily:
 
     def __init__(self, args):
         if getattr(args, "kv_heads", None) not in (None, args.heads):
-            raise ValueError(f"--kv-heads {args.kv_heads}: the byte GPT has no grouped-query attention (an hf model has)")
+            raise ValueError(f"--kv-heads {args.kv_heads}: the byte GPT has no grouped-query attention "
+                             "(hf:llama and hf:qwen2 have)")
         self.seed = getattr(args, "seed", 0)
         self.config = GPTConfig(seq_len=args.seq, n_layer=args.layers, n_head=args.heads, d_model=args.d_model,
                                 recompute=getattr(args, "recompute", "none"))
 
-    def check(self, layout, args):
-        """Recompute kinds and the tensor-parallel divisibility of the GPT (parallel.layout's rules)."""
+    def check(self, layout, sequence_parallel: bool = False):
+        """The tensor-parallel divisibility of the GPT (parallel.layout's rules)."""
         from ..parallel.layout import LayoutError
 
         if layout.tensor_parallel:
             try:
-                layout.check_model(self.config, bool(getattr(args, "sequence_parallel", False)))
+                layout.check_model(self.config, sequence_parallel)
             except LayoutError as e:
                 raise ValueError(f"{layout.strategy} with --tp {layout.tp}: {e} (--heads, --d-model, --seq)") from None
 
@@ -75,7 +81,7 @@ class GPTFamily:
         from ..parallel import tensor_parallel_gpt
 
         sharded = tensor_parallel_gpt(model, mesh.group("tp"), sequence_parallel)
-        _free(model)  # this rank keeps its shards only
+        free_parameters(model)  # this rank keeps its shards only
         return sharded
 
     def sequential(self, module: nn.Module) -> nn.Sequential:
@@ -119,7 +125,7 @@ class HFFamily:
         """The LM head shares the token embedding's weight (gpt2)."""
         return bool(getattr(self.config, "tie_word_embeddings", False))
 
-    def check(self, layout, args):
+    def check(self, layout, sequence_parallel: bool = False):
         """Refused: --recompute selective; a tp that the plan cannot split the model by (heads, key/value
         heads, vocabulary, MLP width; the sequence with --sequence-parallel); a tied embedding split over
         pipeline stages under ZeRO (see the message)."""
@@ -129,10 +135,10 @@ class HFFamily:
             raise ValueError(f"--model {self.name}: --recompute selective recomputes the byte GPT's attention core, "
                              "which a transformers layer does not expose; use --recompute full (each decoder layer)")
         if layout.tensor_parallel:
-            sp = bool(getattr(args, "sequence_parallel", False))
+            sp = bool(sequence_parallel)
             width = getattr(self.config, "intermediate_size", None) or getattr(self.config, "n_inner", None)
             try:
-                check_config(self.config, PLANS[self.family], layout.tp, sp, seq_len=args.seq)
+                check_config(self.config, PLANS[self.family], layout.tp, sp, seq_len=self.kwargs["seq"])
                 if width % layout.tp:
                     raise ValueError(f"the MLP's intermediate size {width} is not divisible by the tensor-parallel "
                                      f"size {layout.tp}")
@@ -205,4 +211,4 @@ def model_family(args):
     return GPTFamily(args) if name == GPT_MODEL else HFFamily(args)
 
 
-__all__ = ["MODELS", "VOCAB", "GPTFamily", "HFFamily", "check_model_name", "model_family"]
+__all__ = ["MODELS", "VOCAB", "GPTFamily", "HFFamily", "check_model_name", "free_parameters", "model_family"]

@@ -14,16 +14,15 @@ import torch.distributed as dist
 
 import ringzero
 
-from ..models import Block, lm_loss
+from ..models import lm_loss
 from ..optim import FusedAdamW
-from ..parallel import (DistributedDataParallel, Mesh, ZeroDataParallel, tensor_parallel_gpt,
-                        vocab_parallel_cross_entropy)
+from ..parallel import DistributedDataParallel, Mesh, ZeroDataParallel, vocab_parallel_cross_entropy
 from ..parallel.clip import clip_grad_norm_
 from ..parallel.layout import Layout
 from ..parallel.pipeline import PipelineRunner, PipelineStage, split
-from ..parallel.tensor_gpt import TensorParallelBlock
 from ..parallel.tensor_state import clip_tensor_parallel_grad_norm_
 from .device import Autocast
+from .models import free_parameters, model_family
 
 WARMUP_STEPS = 10
 BETAS = (0.9, 0.95)
@@ -66,12 +65,6 @@ def _slice(t: torch.Tensor, parts: int, index: int) -> torch.Tensor:
     return t[index * per:(index + 1) * per]
 
 
-def _free(model: torch.nn.Module):
-    """Drops the storage of `model`'s parameters (a rank keeps only its own shards or stage)."""
-    for p in model.parameters():
-        p.data = torch.empty(0, dtype=p.dtype, device=p.device)
-
-
 class DataParallelRun:
     """Trains `model` (a data-parallel wrapper over this rank's module) with `opt`: the global batch is
     cut into `replicas` equal slices and this rank takes slice `replica` (ranks of a replica share it).
@@ -86,13 +79,15 @@ class DataParallelRun:
 
     @classmethod
     def create(cls, strategy: str, model, args, env: RankEnv) -> DataParallelRun:
-        """ddp or zero1-3 over the world (zero3 with one unit per Block); every rank calls it."""
-        module = compute_module(model, env)
+        """ddp or zero1-3 over the world of `model` (built by the family of --model; zero3 with one unit per
+        layer of that family); every rank calls it."""
+        family = model_family(args)
+        module = compute_module(family.module(model), env)
         stage = Layout(strategy, dist.get_world_size()).zero_stage
         if stage == 0:
             wrapped = DistributedDataParallel(module)
         else:
-            wrapped = ZeroDataParallel(module, stage=stage, unit=Block if stage == 3 else None)
+            wrapped = ZeroDataParallel(module, stage=stage, unit=family.block if stage == 3 else None)
         return cls(wrapped, fused_adamw(wrapped.parameters(), args), args, dist.get_world_size(), dist.get_rank())
 
     def loss(self, xs, ys):
@@ -130,11 +125,12 @@ class DataParallelRun:
 
 
 class TensorParallelRun(DataParallelRun):
-    """tp: the GPT sharded over the --tp ranks of each replica (parallel.tensor_gpt), DDP over the
-    replicas; tp+zero1: ZeRO-1 over the replicas instead. The tensor ranks of a replica take the same
-    slice of the batch; the loss is the vocabulary-parallel cross-entropy (no full logits).
+    """tp: the model sharded over the --tp ranks of each replica (its family's tensor_parallel: the GPT's
+    parallel.tensor_gpt, or parallelize for an hf model), DDP over the replicas; tp+zero1: ZeRO-1 over the
+    replicas instead. The tensor ranks of a replica take the same slice of the batch; the loss is the
+    vocabulary-parallel cross-entropy (no full logits).
 
-    mesh: the (dp x tp) mesh; tp_model: the tensor-parallel GPT inside `model`; layout: the run's Layout."""
+    mesh: the (dp x tp) mesh; tp_model: the tensor-parallel module inside `model`; layout: the run's Layout."""
 
     def __init__(self, model, opt, args, mesh: Mesh, tp_model, layout: Layout):
         super().__init__(model, opt, args, replicas=mesh.size("dp"), replica=mesh.index("dp"))
@@ -146,8 +142,7 @@ class TensorParallelRun(DataParallelRun):
         ZeRO-1 over the replicas; every rank calls it."""
         layout = Layout.of(strategy, dist.get_world_size(), tp=args.tp)
         mesh = Mesh(tp=layout.tp)
-        tp_model = tensor_parallel_gpt(model, mesh.group("tp"), args.sequence_parallel)
-        _free(model)  # this rank keeps its shards only
+        tp_model = model_family(args).tensor_parallel(model, mesh, args.sequence_parallel)  # frees the full copy
         module, dp = compute_module(tp_model, env), mesh.group("dp")
         if layout.zero_stage:
             wrapped = ZeroDataParallel(module, stage=layout.zero_stage, process_group=dp)
@@ -162,35 +157,42 @@ class TensorParallelRun(DataParallelRun):
         if self.layout.zero_stage:  # master shards over the replicas mix tensor shards and replicated parameters
             clip_tensor_parallel_grad_norm_(self.model, max_norm, self.layout.tp)
         else:  # DDP: the replicas' gradients are equal, so the tensor group's norm is the global one
-            self.tp_model.clip_grad_norm_(max_norm)
+            clip_tensor_parallel_grad_norm_(self.tp_model, max_norm, self.layout.tp, group=self.mesh.group("tp"))
 
 
 class PipelineRun:
     """Pipeline stages over a (pp x dp x tp) mesh; with pp+zeroK each stage is also ZeRO-K over its
-    data-parallel replicas. 3d cuts the stages from the tensor-parallel GPT (each stage's tp ranks
+    data-parallel replicas. 3d cuts the stages from the tensor-parallel model (each stage's tp ranks
     hold its shards, stage s's tensor rank t talks to stage s + 1's tensor rank t) and is ZeRO-1 over
-    the replicas. Training and validation both run through the PipelineRunner (validation with the
+    the replicas. Stages are cut from the family's sequential form (embedding, layers, head); an
+    embedding tied to the head lives on the first and the last stage, kept equal by the family's
+    grad_sync. Training and validation both run through the PipelineRunner (validation with the
     schedule's forward-only plan)."""
 
     def __init__(self, strategy: str, model, args, env: RankEnv):
         layout = Layout.of(strategy, dist.get_world_size(), args.pp, args.tp)
         self.layout, self.mesh = layout, Mesh(pp=layout.pp, tp=layout.tp)
+        family = model_family(args)
         loss_fn = lm_loss
         if layout.tensor_parallel:
             tp_group = self.mesh.group("tp")
-            sharded = tensor_parallel_gpt(model, tp_group, args.sequence_parallel)
-            _free(model)
-            model = sharded
+            whole = family.tensor_parallel(model, self.mesh, args.sequence_parallel)
 
             def loss_fn(local_logits, y):
                 return vocab_parallel_cross_entropy(local_logits, y, tp_group)
-        parts = split(model.as_sequential(), layout.pp, by="params")
-        self.layers_per_stage = [sum(isinstance(m, (Block, TensorParallelBlock)) for m in part) for part in parts]
+        else:
+            whole = family.module(model)
+        parts = split(family.sequential(whole), layout.pp, by="params")
+        self.layers_per_stage = [sum(family.is_layer(m) for m in part) for part in parts]
         self.index = self.mesh.index("pp")
         # A rank keeps only its own stage's weights; the other stages live on their ranks.
+        own = list(parts[self.index].parameters())
         for i, part in enumerate(parts):
             if i != self.index:
-                _free(part)
+                free_parameters(part, keep=own)
+        # Parameters this stage shares with others (a tied embedding): counted once in the clip's norm.
+        others = {id(p) for i, part in enumerate(parts) if i != self.index for p in part.parameters()}
+        self.shared = [p for p in own if id(p) in others]
         module = compute_module(parts[self.index], env)
         if layout.zero_stage:
             module = ZeroDataParallel(module, stage=layout.zero_stage, process_group=self.mesh.group("dp"))
@@ -198,7 +200,8 @@ class PipelineRun:
         self.opt = fused_adamw(module.parameters(), args)
         stage = PipelineStage(module, self.index, layout.pp, group=self.mesh.group("pp"))
         self.runner = PipelineRunner(stage, args.schedule, args.microbatches, loss_fn=loss_fn, optimizer=None,
-                                     transport=env.transport, device=env.device)
+                                     grad_sync=family.grad_sync(model, [stage]), transport=env.transport,
+                                     device=env.device)
         self.is_first, self.is_last = self.index == 0, self.index == layout.pp - 1
 
     def _replica(self, x, y):
@@ -219,9 +222,13 @@ class PipelineRun:
             # Stages and ZeRO shards are disjoint; the stage's replicated parameters repeat on its tp ranks.
             clip_tensor_parallel_grad_norm_(self.module, self.args.clip, self.layout.tp)
         elif self.args.clip > 0:
-            # Every stage and replica holds disjoint gradients, except plain stages replicated over dp.
-            grads = [p.grad for p in self.module.parameters()]
-            clip_grad_norm_(grads, self.args.clip, replicas=1 if self.zero else self.mesh.size("dp"))
+            # Every stage and replica holds disjoint gradients, except plain stages replicated over dp and a
+            # tied embedding, whose summed gradient the first and the last stage both hold (family.check
+            # refuses it under ZeRO, whose parameters() are master shards).
+            shared = {id(p) for p in self.shared}
+            grads = [p.grad for p in self.module.parameters() if id(p) not in shared]
+            clip_grad_norm_(grads, self.args.clip, replicas=1 if self.zero else self.mesh.size("dp"),
+                            replicated=[p.grad for p in self.shared], replicated_copies=2)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         return self._global(float(loss) if self.is_last else 0.0)
