@@ -1,9 +1,15 @@
-"""All-reduce across hosts of the lab (tests/hostlab.py: network namespaces joined by veths to a bridge,
-each link shaped with tbf): ringzero's hierarchical all-reduce, its flat ring, and gloo, beside the
+"""Collectives across hosts of the lab (tests/hostlab.py: network namespaces joined by veths to a bridge,
+each link shaped with tbf): ringzero's all-reduce, reduce-scatter and all-gather (hierarchical where
+every host has the same number of ranks), its flat ring, and gloo's own, beside the link bound and the
 alpha-beta prediction of `ringzero estimate` for the same link (estimate/network.py).
 
-Run as root: nice -n 19 python benchmarks/hostlab_bench.py [--rates-gbit 1 10] [--sizes-mib 4 32]
-It prints one table per link rate; the per-rank part (--rank) is what torchrun starts on each host.
+The link bound is the bytes each host's link must carry each way for ringzero's algorithm, over the
+rate: hierarchical all-reduce 2(H-1)/H of the tensor, reduce-scatter and all-gather (H-1)/H of the
+whole buffer (input, output); with H hosts. "of bound" is the bound over the time.
+
+Run as root: nice -n 19 python benchmarks/hostlab_bench.py [--rates-gbit 1 10] [--sizes-mib 16 64]
+[--hosts 2] [--ranks-per-host 2]. It prints one table per link rate with the load average; the per-rank
+part (--rank) is what torchrun starts on each host.
 """
 import argparse
 import json
@@ -15,12 +21,12 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+OPS = ("all_reduce", "reduce_scatter", "all_gather")
 
-HOSTS, RANKS_PER_HOST = 2, 2
 
-
-def rank_main(out: str, sizes_mib: list[float], repeats: int):
-    """Times the three all-reduces on float32 tensors of each size; rank 0 writes the medians (ms)."""
+def rank_main(out: str, sizes_mib: list[float], repeats: int, ops: list[str]):
+    """Times each op on float32 buffers of each size (the whole buffer: all-reduce's tensor, reduce-scatter's
+    input, all-gather's output); rank 0 writes the slowest rank's medians (ms)."""
     import torch
     import torch.distributed as dist
 
@@ -28,7 +34,7 @@ def rank_main(out: str, sizes_mib: list[float], repeats: int):
 
     dist.init_process_group("gloo")
     comm = ringzero.get_communicator(dist.group.WORLD)
-    assert comm.hierarchical, "the bench needs equal hosts of several ranks (hierarchical all-reduce)"
+    world = dist.get_world_size()
 
     def flat(x):
         comm.flat_ring.begin("bench flat all_reduce")
@@ -39,89 +45,127 @@ def rank_main(out: str, sizes_mib: list[float], repeats: int):
         comm.shm.reduce_scatter(x, part, int(ringzero.ReduceOp.SUM))
         comm.shm.all_gather(part, x)
 
-    ways = {"hierarchical": lambda x: ringzero.all_reduce(x), "flat ring": flat, "gloo": lambda x: dist.all_reduce(x),
-            "in host": in_host}
     rows = []
     for mib in sizes_mib:
-        x = torch.ones(int(mib * (1 << 20)) // 4)
-        row = {"bytes": x.numel() * 4}
-        for name, fn in ways.items():
-            fn(x)  # warm-up (connections, buffers)
-            times = []
-            for _ in range(repeats):
-                dist.barrier()
-                t0 = time.perf_counter()
-                fn(x)
-                times.append(time.perf_counter() - t0)
-            worst = torch.tensor([statistics.median(times)], dtype=torch.float64)
-            dist.all_reduce(worst, op=dist.ReduceOp.MAX)  # the slowest rank's median is the collective's time
-            row[name] = worst.item() * 1e3
-        rows.append(row)
+        x = torch.ones(int(mib * (1 << 20)) // 4 // world * world)
+        piece = x.new_empty(x.numel() // world)
+        ways = {"all_reduce": {"ringzero": lambda: ringzero.all_reduce(x), "gloo": lambda: dist.all_reduce(x),
+                               "flat ring": lambda: flat(x)},
+                "reduce_scatter": {"ringzero": lambda: ringzero.reduce_scatter_single(piece, x),
+                                   "gloo": lambda: dist.reduce_scatter_tensor(piece, x)},
+                "all_gather": {"ringzero": lambda: ringzero.all_gather_into_tensor(x, piece),
+                               "gloo": lambda: dist.all_gather_into_tensor(x, piece)}}
+        if comm.hierarchical:
+            ways["all_reduce"]["in host"] = lambda: in_host(x)
+        for op in ops:
+            row = {"op": op, "bytes": x.numel() * 4}
+            for name, fn in ways[op].items():
+                fn()  # warm-up (connections, buffers)
+                times = []
+                for _ in range(repeats):
+                    dist.barrier()
+                    t0 = time.perf_counter()
+                    fn()
+                    times.append(time.perf_counter() - t0)
+                worst = torch.tensor([statistics.median(times)], dtype=torch.float64)
+                dist.all_reduce(worst, op=dist.ReduceOp.MAX)  # the slowest rank's median is the collective's time
+                row[name] = worst.item() * 1e3
+            row["load"] = os.getloadavg()[0]
+            rows.append(row)
     if dist.get_rank() == 0:
         with open(os.path.join(out, "bench.json"), "w") as f:
-            json.dump(rows, f)
+            json.dump({"rows": rows, "hierarchical": comm.hierarchical}, f)
     dist.destroy_process_group()
 
 
-def calibrated_intra_gbps(nbytes: int, in_host_ms: float) -> float:
+def link_bound_ms(op: str, nbytes: int, hosts: int, rate_gbit: float) -> float:
+    """What one host's link must carry each way for ringzero's (hierarchical) algorithm, over the rate."""
+    share = (2 if op == "all_reduce" else 1) * (hosts - 1) / hosts
+    return share * nbytes * 8 / (rate_gbit * 1e9) * 1e3
+
+
+def calibrated_intra_gbps(nbytes: int, in_host_ms: float, local: int) -> float:
     """The in-host link speed that makes the alpha-beta ring reduce-scatter + all-gather (2 (L-1)/L of the
     buffer per rank, latency neglected) take the measured in_host_ms."""
-    return 2 * (RANKS_PER_HOST - 1) / RANKS_PER_HOST * nbytes * 8 / (in_host_ms * 1e-3) / 1e9
+    return 2 * (local - 1) / local * nbytes * 8 / (in_host_ms * 1e-3) / 1e9
 
 
-def predicted_ms(nbytes: int, rate_gbit: float, intra_gbps: float, latency_us: float) -> dict:
+TCP_GOODPUT = 1448 / 1514
+"""TCP payload per frame on the lab's veths (MTU 1500, timestamps on: 1448 bytes in a 1514-byte frame, which
+is what tbf counts): the share of the shaped rate that carries data (gloo's flat ring reached 96%)."""
+
+
+def predicted_ms(op: str, nbytes: int, rate_gbit: float, intra_gbps: float, latency_us: float, hosts: int,
+                 local: int) -> dict:
+    """`ringzero estimate`'s times for the lab: the link at its TCP goodput, one NIC per host, the hierarchical
+    steps pipelined over ringzero's segments (comm/transports.py)."""
+    import dataclasses
+
+    from ringzero.comm.transports import PIPELINE_SEGMENT_BYTES
     from ringzero.estimate.network import GroupShape, collective_times, custom_cluster
 
-    cluster = custom_cluster(intra_gbps, rate_gbit, latency_us, gpus_per_node=RANKS_PER_HOST,
-                             nics_per_node=1)
-    times = collective_times("all_reduce", nbytes, GroupShape(HOSTS * RANKS_PER_HOST, HOSTS, RANKS_PER_HOST), cluster)
+    cluster = custom_cluster(intra_gbps, rate_gbit * TCP_GOODPUT, latency_us, gpus_per_node=local, nics_per_node=1)
+    cluster = dataclasses.replace(cluster, pipeline_segment_bytes=PIPELINE_SEGMENT_BYTES)
+    times = collective_times(op, nbytes, GroupShape(hosts * local, hosts, local), cluster)
     return {k: v * 1e3 for k, v in times.items()}
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rates-gbit", type=float, nargs="+", default=[1, 10], help="0: an unshaped veth (no estimate)")
-    p.add_argument("--sizes-mib", type=float, nargs="+", default=[4, 32])
+    p.add_argument("--sizes-mib", type=float, nargs="+", default=[16, 64])
+    p.add_argument("--ops", nargs="+", choices=OPS, default=list(OPS))
+    p.add_argument("--hosts", type=int, default=2)
+    p.add_argument("--ranks-per-host", type=int, default=2)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--burst-bytes", type=int, default=None, help="tbf bucket (default: hostlab's, 1 ms of the rate, "
-                   "at least 256 KiB)")
+                   "at least 1 MiB)")
     p.add_argument("--intra-gbps", type=float, default=None, help="the estimate's in-host link (shared memory), "
                    "gigabits/s per rank and direction (default: calibrated from the measured in-host phases)")
     p.add_argument("--latency-us", type=float, default=100.0, help="the estimate's step latency")
     p.add_argument("--rank", metavar="OUT", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.rank:
-        return rank_main(args.rank, args.sizes_mib, args.repeats)
+        return rank_main(args.rank, args.sizes_mib, args.repeats, args.ops)
     import hostlab
 
-    print(f"# hostlab_bench | {HOSTS} hosts x {RANKS_PER_HOST} ranks | float32 SUM | median of {args.repeats}, "
-          f"slowest rank | estimate: --intra-gbps {args.intra_gbps or 'calibrated'} --latency-us {args.latency_us}, "
-          "one NIC per host")
+    H, L = args.hosts, args.ranks_per_host
+    print(f"# hostlab_bench | {H} hosts x {L} ranks | float32 SUM | median of {args.repeats}, slowest rank | "
+          f"estimate: --intra-gbps {args.intra_gbps or 'calibrated'} --latency-us {args.latency_us}, one NIC per host")
     for rate in args.rates_gbit:
-        with hostlab.HostLab(HOSTS, rate_gbit=rate or None, burst_bytes=args.burst_bytes) as lab, tempfile.TemporaryDirectory() as out:
+        with hostlab.HostLab(H, rate_gbit=rate or None, burst_bytes=args.burst_bytes) as lab, \
+                tempfile.TemporaryDirectory() as out:
             argv = [os.path.abspath(__file__), "--rank", out, "--repeats", str(args.repeats), "--sizes-mib",
-                    *map(str, args.sizes_mib)]
-            runs = lab.run([RANKS_PER_HOST] * HOSTS, argv, {"RINGZERO_TIMEOUT_S": "300"}, timeout_s=600)
+                    *map(str, args.sizes_mib), "--ops", *args.ops]
+            runs = lab.run([L] * H, argv, {"RINGZERO_TIMEOUT_S": "300"}, timeout_s=900)
             bad = [r for r in runs if r.returncode != 0]
             if bad:
                 raise SystemExit(f"host {bad[0].host} failed:\n{bad[0].output[-4000:]}")
             with open(os.path.join(out, "bench.json")) as f:
-                rows = json.load(f)
+                result = json.load(f)
+        rows, hier = result["rows"], result["hierarchical"]
         print(f"\nlink {rate:g} Gbit/s per host and direction (tbf burst {lab.burst_bytes} B)" if rate else
               "\nunshaped veth (what the CPUs can move)")
-        print(f"{'MiB':>6} | {'hier ms':>8} | {'est':>8} | {'flat ms':>8} | {'est':>8} | {'gloo ms':>8} | "
-              f"{'in-host ms':>10} | {'intra Gb/s':>10} | hier/est flat/est")
+        print(f"{'op':<14} | {'MiB':>4} | {'ringzero':>8} | {'bound':>6} | {'of bound':>8} | {'est':>6} | "
+              f"{'ms/est':>6} | {'gloo ms':>7} | {'gloo/rz':>7} | {'flat ms':>7} | {'in-host':>7} | load")
         for row in rows:
-            intra = args.intra_gbps or calibrated_intra_gbps(row["bytes"], row["in host"])
-            if not rate:
-                print(f"{row['bytes'] / (1 << 20):>6g} | {row['hierarchical']:>8.1f} | {'-':>8} | "
-                      f"{row['flat ring']:>8.1f} | {'-':>8} | {row['gloo']:>8.1f} | {row['in host']:>10.1f} | "
-                      f"{intra:>10.1f} |")
-                continue
-            est = predicted_ms(row["bytes"], rate, intra, args.latency_us)
-            print(f"{row['bytes'] / (1 << 20):>6g} | {row['hierarchical']:>8.1f} | {est['hierarchical']:>8.1f} | "
-                  f"{row['flat ring']:>8.1f} | {est['ring']:>8.1f} | {row['gloo']:>8.1f} | {row['in host']:>10.1f} | "
-                  f"{intra:>10.1f} | {row['hierarchical'] / est['hierarchical']:>8.2f} {row['flat ring'] / est['ring']:>8.2f}")
+            op, nbytes = row["op"], row["bytes"]
+            bound = link_bound_ms(op, nbytes, H, rate) if rate and (hier or L == 1) else None  # L=1: the flat ring is it
+            est = None
+            if rate and "in host" in row:
+                intra = args.intra_gbps or calibrated_intra_gbps(nbytes, row["in host"], L)
+                row["intra"] = intra
+            intra = args.intra_gbps or next((r["intra"] for r in rows if r["bytes"] == nbytes and "intra" in r), None)
+            if L == 1:  # no in-host step: any in-host link faster than the network leaves the flat ring to it
+                intra = 1e3
+            if rate and intra:
+                est = predicted_ms(op, nbytes, rate, intra, args.latency_us, H, L).get("hierarchical" if hier else "ring")
+            cell = lambda v, w, f="{:.1f}": f"{f.format(v) if v is not None else '-':>{w}}"  # noqa: E731
+            print(f"{op:<14} | {nbytes / (1 << 20):>4g} | {row['ringzero']:>8.1f} | {cell(bound, 6)} | "
+                  f"{cell(bound and bound / row['ringzero'], 8, '{:.0%}')} | {cell(est, 6)} | "
+                  f"{cell(est and row['ringzero'] / est, 6, '{:.2f}')} | {row['gloo']:>7.1f} | "
+                  f"{row['gloo'] / row['ringzero']:>6.2f}x | {cell(row.get('flat ring'), 7)} | "
+                  f"{cell(row.get('in host'), 7)} | {row['load']:.2f}")
 
 
 if __name__ == "__main__":

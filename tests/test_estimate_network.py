@@ -174,3 +174,22 @@ def test_hosts_with_one_nic_carry_every_cross_ring(nodes, local):
     assert shared["hierarchical"] == pytest.approx(inside + 2 * (nodes - 1) / nodes * nbytes / 1e9, rel=1e-12)
     # The flat ring crosses each node boundary once per direction: one NIC is enough for it.
     assert shared["ring"] == collective_times("all_reduce", nbytes, shape, Cluster("t", local, link, link))["ring"]
+
+
+@pytest.mark.parametrize("op", ["all_reduce", "reduce_scatter", "all_gather"])
+def test_pipelined_hierarchical_overlaps_its_steps(op):
+    """ringzero's CPU path across hosts (Cluster.pipeline_segment_bytes): the in-node steps and the cross-node
+    step overlap over k segments, so the time is the slower of the two plus one segment of the other; below
+    two segments the steps run one after another, as without pipelining."""
+    intra, inter = Link(bytes_per_s=2e9, latency_s=0.0), Link(bytes_per_s=125e6, latency_s=0.0)
+    shape, nbytes = GroupShape(4, 2, 2), 2**24
+    serial = Cluster("t", 2, intra, inter, nics_per_node=1)
+    inside = collective_times(op, nbytes, GroupShape(2, 1, 2), Cluster("t", 2, intra, intra))["ring"]
+    if op == "all_reduce":  # reduce-scatter then all-gather inside the node
+        inside = 2 * collective_times("reduce_scatter", nbytes, GroupShape(2, 1, 2), Cluster("t", 2, intra, intra))["ring"]
+    whole = collective_times(op, nbytes, shape, serial)["hierarchical"]
+    cross = whole - inside
+    piped = Cluster("t", 2, intra, inter, nics_per_node=1, pipeline_segment_bytes=nbytes // 4)
+    assert collective_times(op, nbytes, shape, piped)["hierarchical"] == pytest.approx(cross + inside / 4, rel=1e-12)
+    one = Cluster("t", 2, intra, inter, nics_per_node=1, pipeline_segment_bytes=nbytes)
+    assert collective_times(op, nbytes, shape, one)["hierarchical"] == pytest.approx(whole, rel=1e-12)

@@ -99,7 +99,7 @@ class Communicator:
                                   self.ring_slice_bytes)
         cross_peers = sorted({ring[(pos - 1) % len(ring)], ring[(pos + 1) % len(ring)]})
         return Hierarchical(self.flat_ring, self.cross_ring, cross_peers, self.shm, self.local_world, self._running,
-                            self.rank, self.world, self.debug)
+                            self.rank, self.world, self.debug, [list(r) for r in topo.hosts.values()])
 
     # [Note: the api's fast path] A blocking all_reduce, reduce_scatter_single or all_gather_single on a
     # group whose every rank shares this host's memory goes straight to the native entry (_C.shm_direct,

@@ -48,6 +48,60 @@ def all_reduce_pipelined(x: torch.Tensor, local_world: int, segment_numel: int, 
         tail.copy_(segments[-1][:tail.numel()])
 
 
+def reduce_scatter_pipelined(inp: torch.Tensor, out: torch.Tensor, hosts: list[list[int]], segment_numel: int,
+                             reduce_scatter, cross_start, cross_finish):
+    """out (1D c) gets block `group rank` of inp (1D world*c, blocks in group-rank order) reduced over the
+    group: per segment of the blocks, a reduce-scatter inside the host for every host's blocks, then the
+    ring across the hosts (of this local rank) on the host's partial sums, in the background.
+
+    hosts: the group ranks of each host, in the cross rings' order (the same on every rank, equal sizes).
+    segment_numel: elements of each block per segment. reduce_scatter(staged, part): part (1D s) gets
+    this local rank's block of staged (1D L*s) reduced over the host. cross_start(parts, out_seg) starts
+    the ring reduce-scatter of parts (1D H*s, host h's partials at row h) into out_seg, returns a handle;
+    cross_finish(handle) waits (bounded). Link bytes per host and direction: (H-1)/H of inp, against
+    (world-1)/world of it for the flat ring through one rank of the host.
+    """
+    H, L, c = len(hosts), len(hosts[0]), out.numel()
+    order = torch.tensor([r for ranks in hosts for r in ranks])
+    rows = inp.view(H * L, c)
+    handles = []
+    for a in range(0, c, segment_numel):
+        b = min(c, a + segment_numel)
+        staged = rows[:, a:b].index_select(0, order)  # (H*L, s): host-major; the one copy of inp
+        parts = staged.new_empty(H, b - a)
+        for h in range(H):
+            reduce_scatter(staged[h * L:(h + 1) * L].view(-1), parts[h])
+        handles.append(cross_start(parts.view(-1), out[a:b]))
+    for handle in handles:
+        cross_finish(handle)
+
+
+def all_gather_pipelined(inp: torch.Tensor, out: torch.Tensor, hosts: list[list[int]], host_index: int,
+                         segment_numel: int, all_gather, cross_start, cross_finish):
+    """out (1D world*c, group-rank order) gets every rank's inp (1D c): per segment, the ring across the
+    hosts (all segments posted at once), then an all-gather inside the host of each host's block as it
+    lands (this host's own first, while the others are still on the link).
+
+    hosts as in reduce_scatter_pipelined; host_index: this rank's host in it. all_gather(part, gathered):
+    gathered (1D L*s) gets every local rank's part (1D s). cross_start(inp_seg, gathered): starts the ring
+    all-gather of inp_seg into gathered (1D H*s, host h's at row h), returns a handle; cross_finish waits.
+    """
+    H, L, c = len(hosts), len(hosts[0]), inp.numel()
+    order = torch.tensor([r for ranks in hosts for r in ranks])
+    rows = out.view(H * L, c)
+    segments = [(a, min(c, a + segment_numel)) for a in range(0, c, segment_numel)]
+    landed = [inp.new_empty(H, b - a) for a, b in segments]
+    handles = [cross_start(inp[a:b], rows_h.view(-1)) for (a, b), rows_h in zip(segments, landed)]
+    for (a, b), rows_h, handle in zip(segments, landed, handles):
+        full = inp.new_empty(H * L, b - a)  # host-major, as `order` lists the ranks
+        all_gather(rows_h[host_index], full[host_index * L:(host_index + 1) * L].view(-1))
+        cross_finish(handle)
+        for h in range(H):
+            if h != host_index:
+                all_gather(rows_h[h], full[h * L:(h + 1) * L].view(-1))
+        rows[:, a:b].index_copy_(0, order, full)
+
+
 def all_reduce_hierarchical(x: torch.Tensor, local_world: int, reduce_scatter, cross_all_reduce, all_gather):
     """Reduces the flat contiguous `x` in place over every rank of every host.
 
@@ -69,4 +123,4 @@ def all_reduce_hierarchical(x: torch.Tensor, local_world: int, reduce_scatter, c
         x.copy_(gathered[: x.numel()])
 
 
-__all__ = ["all_reduce_hierarchical", "all_reduce_pipelined"]
+__all__ = ["all_reduce_hierarchical", "all_reduce_pipelined", "all_gather_pipelined", "reduce_scatter_pipelined"]

@@ -147,36 +147,73 @@ class P2PRing:
 
     def reduce_scatter(self, inp: torch.Tensor, out: torch.Tensor, op: ReduceOp, divisor: int = 1):
         """inp holds n blocks of out.numel(); out receives block `pos` reduced over all members.
-        inp is not modified. Each rank sends and receives (n-1)/n of inp."""
+        inp is not modified. Each rank sends and receives (n-1)/n of inp. Pipelined by slice across
+        its steps ([Note: the slice pipeline])."""
+        self.reduce_scatter_finish(self.reduce_scatter_start(inp, out, op, divisor))
+
+    def reduce_scatter_start(self, inp: torch.Tensor, out: torch.Tensor, op: ReduceOp, divisor: int = 1,
+                             tag: int = 0):
+        """reduce_scatter's first half (all receives and the first step's sends posted), as all_reduce_start."""
         n, pos, c = self.n, self.pos, out.numel()
         blocks = list(inp.split(c)) if c else [inp[:0]] * n
         if n == 1:
             _C.reduce_(out, [blocks[0]], int(ReduceOp.SUM if divisor > 1 else op), divisor)
-            return
-        tmp = torch.empty(c, dtype=inp.dtype)
-        acc = [torch.empty(c, dtype=inp.dtype), torch.empty(c, dtype=inp.dtype)]
-        send = blocks[(pos - 1) % n]
+            return None
+        # Step t receives the left's partial of block pos-t-2 into staging row t, folds this rank's block
+        # into it (the last step into out) and sends it on in step t+1, slice for slice.
+        staging = torch.empty((n - 1, c), dtype=inp.dtype)
+        recvs = []
         for t in range(n - 1):
-            b = (pos - t - 2) % n
-            last = t == n - 2
-            target = out if last else acc[t % 2]
+            off = 0
+            for piece in self._slices(staging[t]):
+                recvs.append((t, off, piece, dist.irecv(piece, self.left, group=self.group, tag=tag)))
+                off += piece.numel()
+        sends = [dist.isend(p, self.right, group=self.group, tag=tag) for p in self._slices(blocks[(pos - 1) % n])]
+        return blocks, out, recvs, sends, op, divisor, tag
 
-            def fold(off, piece, b=b, target=target, last=last):
-                k = piece.numel()
-                _C.reduce_(target[off:off + k], [blocks[b][off:off + k], piece], int(op), divisor if last else 1)
-
-            self._sendrecv(send, tmp, on_recv=fold)
-            send = target
+    def reduce_scatter_finish(self, state):
+        """reduce_scatter's second half: folds and forwards each slice as it lands."""
+        if state is None:
+            return
+        blocks, out, recvs, sends, op, divisor, tag = state
+        n, pos = self.n, self.pos
+        for t, off, piece, work in recvs:
+            self._wait(work, self.left)
+            k, last = piece.numel(), t == n - 2
+            dst = out[off:off + k] if last else piece
+            _C.reduce_(dst, [blocks[(pos - t - 2) % n][off:off + k], piece], int(op), divisor if last else 1)
+            if not last:
+                sends.append(dist.isend(dst, self.right, group=self.group, tag=tag))
+        for w in sends:
+            self._wait(w, self.right)
 
     def all_gather(self, inp: torch.Tensor, out: torch.Tensor, counts: list[int] | None = None):
-        """out holds every member's inp in member order; counts (per member) allow uneven sizes."""
+        """out holds every member's inp in member order; counts (per member) allow uneven sizes.
+        Pipelined by slice: a received slice goes on to the right at once ([Note: the slice pipeline])."""
+        self.all_gather_finish(self.all_gather_start(inp, out, counts))
+
+    def all_gather_start(self, inp: torch.Tensor, out: torch.Tensor, counts: list[int] | None = None, tag: int = 0):
+        """all_gather's first half (every receive posted, this member's block sent), as all_reduce_start."""
         n, pos = self.n, self.pos
         counts = counts or [inp.numel()] * n
         displ = [sum(counts[:i]) for i in range(n)]
         block = lambda i: out[displ[i]:displ[i] + counts[i]]  # noqa: E731
         block(pos).copy_(inp)
-        for t in range(n - 1):
-            self._sendrecv(block((pos - t) % n), block((pos - t - 1) % n))
+        # Step t receives block pos-t-1 and forwards it in step t+1.
+        recvs = [(t, piece, dist.irecv(piece, self.left, group=self.group, tag=tag))
+                 for t in range(n - 1) for piece in self._slices(block((pos - t - 1) % n))]
+        sends = [dist.isend(p, self.right, group=self.group, tag=tag) for p in self._slices(block(pos))] if n > 1 else []
+        return recvs, sends, tag
+
+    def all_gather_finish(self, state):
+        """all_gather's second half: forwards each slice as it lands; returns when all have."""
+        recvs, sends, tag = state
+        for t, piece, work in recvs:
+            self._wait(work, self.left)
+            if t < self.n - 2:
+                sends.append(dist.isend(piece, self.right, group=self.group, tag=tag))
+        for w in sends:
+            self._wait(w, self.right)
 
     def broadcast(self, x: torch.Tensor, root: int):
         """Pipelined chain from member `root` to the right: each slice is forwarded as it lands."""

@@ -13,7 +13,8 @@ import concurrent.futures
 import torch
 
 from .errors import CollectiveMismatch
-from .hierarchical import all_reduce_hierarchical, all_reduce_pipelined
+from .hierarchical import (all_gather_pipelined, all_reduce_hierarchical, all_reduce_pipelined,
+                           reduce_scatter_pipelined)
 from .ring import P2PRing
 from .types import SUPPORTED_DTYPES, CollectiveKind, ReduceOp
 
@@ -153,13 +154,15 @@ class NetworkRing:
 
 class Hierarchical(NetworkRing):
     """Several hosts with the same number (> 1) of ranks each: all-reduce as shared-memory reduce-scatter,
-    one ring per local rank across hosts (`cross_ring`), shared-memory all-gather (hierarchical.py). The
-    other collectives take the flat ring: their blocks are in group-rank order, which the hosts'
-    local blocks are not."""
+    one ring per local rank across hosts (`cross_ring`), shared-memory all-gather (hierarchical.py);
+    reduce-scatter and all-gather of PIPELINE_MIN_SEGMENTS segments and more likewise in two steps (in
+    the host and across, across and in the host), each pipelined over segments with its cross-host
+    rings. The other collectives (and small or uneven ones) take the flat ring."""
 
     def __init__(self, ring: P2PRing, cross_ring: P2PRing, cross_peers: list[int], shm, local_world: int,
-                 running: RunningCall, rank: int, world: int, debug: bool):
+                 running: RunningCall, rank: int, world: int, debug: bool, hosts: list[list[int]]):
         super().__init__(ring, running, rank, world, debug)
+        self.hosts = hosts  # group ranks of each host, in the cross rings' order
         self.cross_ring = cross_ring
         # Its neighbours (group ranks: the one it receives from, the one it sends to), published in the
         # segment while it waits on them.
@@ -200,38 +203,73 @@ class Hierarchical(NetworkRing):
         per = max(self.local_world, PIPELINE_SEGMENT_BYTES // x.element_size() // self.local_world * self.local_world)
         return per if x.numel() >= PIPELINE_MIN_SEGMENTS * per else 0
 
+    def block_segment_numel(self, whole: torch.Tensor) -> int:
+        """Elements of each rank's block per segment of the pipelined reduce-scatter and all-gather, whose
+        whole buffer (their input, their output) is `whole`; 0 where it is too small (the flat ring)."""
+        per = max(1, PIPELINE_SEGMENT_BYTES // whole.element_size() // self.world)
+        return per if whole.numel() >= PIPELINE_MIN_SEGMENTS * per * self.world else 0
+
+    def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, op: ReduceOp):
+        seg = self.block_segment_numel(inp)
+        if not seg:
+            return super().reduce_scatter(out, inp, op)
+        base, divisor = split_avg(op, self.world)
+        self.begin("reduce_scatter", inp, reduce_op=op)
+        rs = lambda staged, part: self.shm.reduce_scatter(staged, part, int(base))  # noqa: E731
+        self._pipeline("reduce_scatter", lambda start, finish: reduce_scatter_pipelined(
+            inp.view(-1), out.view(-1), self.hosts, seg, rs,
+            lambda parts, out_seg: start(self.cross_ring.reduce_scatter_start, self.cross_ring.reduce_scatter_finish,
+                                         parts, out_seg, base, divisor), finish))
+
+    def all_gather(self, out: torch.Tensor, inp: torch.Tensor, counts: list[int] | None = None):
+        seg = self.block_segment_numel(out)
+        if counts is not None or not seg:
+            return super().all_gather(out, inp, counts)
+        self.begin("all_gather", out)
+        self._pipeline("all_gather", lambda start, finish: all_gather_pipelined(
+            inp.view(-1), out.view(-1), self.hosts, self.cross_ring.pos, seg, self.shm.all_gather,
+            lambda seg_in, landed: start(self.cross_ring.all_gather_start, self.cross_ring.all_gather_finish,
+                                         seg_in, landed), finish))
+
     def _all_reduce_pipelined(self, x, segment_numel, base, divisor, reduce_scatter):
-        """The cross-host rings of the segments run one after another on this transport's worker thread
-        while the calling thread does the in-host steps (hierarchical.py all_reduce_pipelined). The
-        segment shows this rank as away on the network for the whole call; a cross-host failure aborts
-        the local ranks' waits quoting it, and is what this rank raises."""
-        shm, label = self.shm, self.running.label("all_reduce")
+        ring = self.cross_ring
+        self._pipeline("all_reduce", lambda start, finish: all_reduce_pipelined(
+            x, self.local_world, segment_numel, reduce_scatter,
+            lambda part: start(ring.all_reduce_start, ring.all_reduce_finish, part, base, divisor), finish,
+            self.shm.all_gather))
+
+    def _pipeline(self, op: str, body):
+        """Runs body(start, finish), a pipelined collective (hierarchical.py): start(first_half, second_half,
+        *args) posts the cross ring's messages for one segment here, first_half(*args, tag=...), and
+        hands second_half(its state) to this transport's worker thread, which finishes the segments in
+        order while this thread does the in-host steps; finish(handle) waits for one (bounded).
+
+        The segment shows this rank as away on the network for the whole call; a cross-host failure
+        aborts the local ranks' waits quoting it, and is what this rank raises."""
+        shm, ring = self.shm, self.cross_ring
         if self._worker is None:
             self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ringzero-cross-host")
+        ring.begin(self.running.label(op))
+        futures = []
 
-        ring = self.cross_ring
-        ring.begin(label)
-
-        def finish_on_worker(state):
+        def on_worker(second_half, state):
             try:
-                ring.all_reduce_finish(state)
+                second_half(state)
             except BaseException as e:
                 shm.abort(f"its cross-host step failed: {e}")
                 raise
 
-        def finish(future):
-            # The ring's own waits end at its deadline (begin); this one only backs them up.
-            return future.result(timeout=ring.timeout_s + 10)
-
-        futures = []
-
-        def start(part):
+        def start(first_half, second_half, *args):
             # Posted here, in segment order, so that the next segment's bytes follow the last one's on
             # the link without waiting for the worker; a tag per segment keeps the two threads' posts
             # apart ([Note: the slice pipeline], ring.py).
-            state = ring.all_reduce_start(part, base, divisor, tag=PIPELINE_TAG_BASE + len(futures))
-            futures.append(self._worker.submit(finish_on_worker, state))
+            state = first_half(*args, tag=PIPELINE_TAG_BASE + len(futures))
+            futures.append(self._worker.submit(on_worker, second_half, state))
             return futures[-1]
+
+        def finish(future):
+            # The ring's own waits end at its deadline (begin); this one only backs them up.
+            return future.result(timeout=ring.timeout_s + 10)
 
         # This rank's in-host waits must not spin: this process's cross-host thread and gloo's threads need
         # the core meanwhile, and so do the local peer's (with spinning on, 1 MiB segments took 300 ms
@@ -240,7 +278,7 @@ class Hierarchical(NetworkRing):
         shm.set_spin(False)
         shm.set_away(self.cross_peers)
         try:
-            all_reduce_pipelined(x, self.local_world, segment_numel, reduce_scatter, start, finish, shm.all_gather)
+            body(start, finish)
         except BaseException as e:
             failed = [f.exception(timeout=ring.timeout_s + 10) for f in futures]
             cause = next((f for f in failed if f is not None), None)

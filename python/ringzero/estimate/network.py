@@ -14,6 +14,10 @@ bandwidth B (per direction, per GPU); a collective is its steps in sequence:
                           on M/n_local, ring inside each node again; the n_local cross-node rings run at
                           once and share the node's NICs: each gets B * min(1, nics_per_node / n_local)
                           (GPU nodes: one NIC per GPU; CPU hosts: usually one NIC for all their ranks)
+  pipelined hierarchical  (Cluster.pipeline_segment_bytes set: ringzero's CPU path) the same steps on
+                          k = M / segment segments at once: the in-node steps (one thread) and the
+                          cross-node step (the link) overlap, so the slower of the two runs throughout and
+                          the other adds one segment's worth: max(a, b) + min(a, b) / k
 
 M is the whole buffer as nccl-tests counts it (all-reduce: the tensor; reduce-scatter: the input;
 all-gather: the output). One-shot and two-shot need every peer's memory (NVLink/NVSwitch, shared
@@ -62,6 +66,10 @@ class Cluster:
     inter: Link
     gpu_mem_bytes: int | None = None
     nics_per_node: int | None = None
+    pipeline_segment_bytes: int | None = None
+    """The hierarchical collectives pipeline their in-node and cross-node steps over segments of this many
+    bytes of M (ringzero's CPU path across hosts, comm/transports.py); None: the steps run one after
+    another."""
 
     def __post_init__(self):
         positive_ints("--", **{"gpus-per-node": self.gpus_per_node})
@@ -182,11 +190,16 @@ def _two_shot(nbytes: float, n: int, link: Link) -> float:
 def _hierarchical(op: str, nbytes: float, shape: GroupShape, cluster: Cluster) -> float:
     inside, across = shape.local, shape.nodes
     if op == "all_reduce":
-        return (_ring("reduce_scatter", nbytes, inside, cluster.intra)
-                + _ring("all_reduce", nbytes / inside, across, cluster.cross_link(inside))
-                + _ring("all_gather", nbytes, inside, cluster.intra))
-    # reduce-scatter: inside the node first, then across on the node's 1/local piece; all-gather mirrors it.
-    return _ring(op, nbytes, inside, cluster.intra) + _ring(op, nbytes / inside, across, cluster.cross_link(inside))
+        in_node = _ring("reduce_scatter", nbytes, inside, cluster.intra) + _ring("all_gather", nbytes, inside,
+                                                                                  cluster.intra)
+        cross = _ring("all_reduce", nbytes / inside, across, cluster.cross_link(inside))
+    else:  # reduce-scatter: inside the node first, then across on the node's 1/local piece; all-gather mirrors it.
+        in_node = _ring(op, nbytes, inside, cluster.intra)
+        cross = _ring(op, nbytes / inside, across, cluster.cross_link(inside))
+    segments = int(nbytes // cluster.pipeline_segment_bytes) if cluster.pipeline_segment_bytes else 0
+    if segments < 2:  # ringzero pipelines from two whole segments up
+        return in_node + cross
+    return max(in_node, cross) + min(in_node, cross) / segments
 
 
 def collective_times(op: str, nbytes: float, shape: GroupShape, cluster: Cluster) -> dict[str, float]:
