@@ -74,7 +74,15 @@ def _resume(args, run, strategy_run) -> int:
         path = checkpoint.latest(args.checkpoint_dir)
     except FileNotFoundError:
         return 0  # nothing saved yet: a restart before the first checkpoint starts over
-    return checkpoint.load(path, obj, opt)["step"]
+    family = model_family(args)
+    try:
+        loaded = checkpoint.load(path, obj, opt)
+    except KeyError as e:  # a parameter the checkpoint lacks: saved by a run of another form
+        note = family.checkpoint_note
+        raise ValueError(f"--resume: {e.args[0]}" + (f"; {note}" if note else "")) from None
+    # Checked after the load, which is where the saved record is read; the run stops here if refused.
+    family.check_resume(loaded["extra"], _tp(args, run))
+    return loaded["step"]
 
 
 def _save(args, run, strategy_run, step: int):
@@ -83,7 +91,11 @@ def _save(args, run, strategy_run, step: int):
     obj, opt = strategy_run.checkpoint_objects()
     if obj is None:
         raise ValueError(f"--save-every is not supported for {run}: checkpoints cover DDP, ZeRO, tp and tp+zero1 runs")
-    checkpoint.save(args.checkpoint_dir, obj, opt, step=step)
+    checkpoint.save(args.checkpoint_dir, obj, opt, step=step, extra=model_family(args).checkpoint_extra(_tp(args, run)))
+
+
+def _tp(args, run: str) -> int:
+    return layout_of(run, dist.get_world_size(), args.pp, args.tp).tp
 
 
 def _train(args, run: str, env: RankEnv, stop_meter=lambda: None):

@@ -16,6 +16,9 @@ here once (model_family) so that no run branches on the family:
     family.name                        # the --model name
     family.grad_sync(model, stages)    # the PipelineRunner's grad_sync (an embedding tied to the head), or None
     family.estimate_model()            # what ringzero.estimate is given for this model, and a note or None
+    family.checkpoint_note             # which runs can load each other's checkpoints, when not all can (or None)
+    family.check_resume(saved, tp)     # ValueError when a checkpoint saved as `saved` (checkpoint_extra) cannot
+                                       # resume at this tensor-parallel size
 
 Every family's logits are over the whole byte vocabulary (256) in the same data, so the losses of
 `--model gpt` and `--model hf:*` are the same quantity (models.lm_loss on full logits,
@@ -46,8 +49,27 @@ def free_parameters(model: nn.Module, keep=()):
             p.data = torch.empty(0, dtype=p.dtype, device=p.device)
 
 
-class GPTFamily:
-    """models.GPT from --seq, --layers, --heads, --d-model and --recompute."""
+class ModelFamily:
+    """What every family shares: the checkpoint's record of the model, and the check of it on resume."""
+
+    name: str
+    checkpoint_note = None
+    """Which runs load each other's checkpoints, when not all of them can (None: all can)."""
+
+    def checkpoint_extra(self, tp: int) -> dict:
+        """What a checkpoint records about the model it holds (the trainer saves it as `extra`)."""
+        return {"model": self.name, "tp": tp}
+
+    def check_resume(self, saved, tp: int):
+        """ValueError for a checkpoint of another model. saved: its checkpoint_extra (None for one saved
+        before the model was recorded: not checked); tp: the resuming run's tensor-parallel size."""
+        if saved and saved.get("model", self.name) != self.name:
+            raise ValueError(f"--resume: the checkpoint holds --model {saved['model']}, not {self.name}")
+
+
+class GPTFamily(ModelFamily):
+    """models.GPT from --seq, --layers, --heads, --d-model and --recompute. The tensor-parallel GPT keeps
+    the GPT's parameter names, so every checkpointed run loads every other's, at any tp."""
 
     name = GPT_MODEL
     block = Block
@@ -99,7 +121,7 @@ class GPTFamily:
         return self.config, None
 
 
-class HFFamily:
+class HFFamily(ModelFamily):
     """A transformers causal LM (models.hf.build_hf_model) of --layers, --d-model, --heads, --kv-heads,
     vocabulary VOCAB and --seq positions, trained as parallel.hf_as_sequential's nn.Sequential (positions
     0 .. T-1, causal mask: the model's own forward for this data). Tensor parallelism is
@@ -107,6 +129,9 @@ class HFFamily:
     (HFDecoderLayer); 'selective' (GPT's attention core) has no counterpart here and is refused."""
 
     block = None  # set in __init__: parallel.hf_pipeline.HFDecoderLayer (needs transformers' import to have worked)
+    checkpoint_note = ("an hf model's checkpoint loads into runs of the same form: tp and tp+zero1 (q, k and v fused "
+                       "by parallelize; any --tp when --kv-heads equals --heads), or ddp and zero1-3 (the "
+                       "transformers projections)")
 
     def __init__(self, args):
         from ..models.hf import hf_config  # ImportError naming `pip install ringzero[hf]` without transformers
@@ -185,6 +210,16 @@ class HFFamily:
 
         return tied_embedding_sync(model, stages, plan=self.family)
 
+    def check_resume(self, saved, tp: int):
+        """Also refused: another tp with grouped-query attention (parallelize arranges the fused q, k, v per
+        tensor rank, and the checkpoint cannot re-cut that arrangement yet: docs/parallelize.md)."""
+        super().check_resume(saved, tp)
+        heads, kv_heads = self.kwargs["heads"], self.kwargs["kv_heads"] or self.kwargs["heads"]
+        if saved and saved.get("tp", tp) != tp and kv_heads != heads:
+            raise ValueError(f"--resume: the checkpoint was saved at tp={saved['tp']} with grouped-query attention "
+                             f"(--kv-heads {kv_heads} < --heads {heads}), whose fused q, k, v cannot be re-cut for "
+                             f"tp={tp} yet; resume at --tp {saved['tp']}")
+
     def estimate_model(self):
         """The parameter count (the estimator's shapes are the byte GPT's: no activations for this model)."""
         from ..models.hf import build_hf_model
@@ -211,4 +246,4 @@ def model_family(args):
     return GPTFamily(args) if name == GPT_MODEL else HFFamily(args)
 
 
-__all__ = ["MODELS", "VOCAB", "GPTFamily", "HFFamily", "check_model_name", "free_parameters", "model_family"]
+__all__ = ["MODELS", "VOCAB", "ModelFamily", "GPTFamily", "HFFamily", "check_model_name", "free_parameters", "model_family"]
