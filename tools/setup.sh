@@ -46,10 +46,11 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   done
 fi
 # PyTorch Lightning, Ray Train and HF Accelerate for tests/test_frameworks.py (and transformers, the
-# optional extra `hf`, for tests/test_hf_plans.py), constrained to the torch
+# optional extra `hf`, for tests/test_hf_plans.py; deepspeed, the extra `baselines`, for the deepspeed-zero
+# rows of tests/test_train_baselines.py), constrained to the torch
 # already here so that they can never replace it. The constraint takes the version pip recorded, not
 # torch.__version__: the registry's CUDA wheels say "2.10.0+cu128" there but "2.10.0" to pip, and a
 # constraint on the former cannot be met (pip stopped with ResolutionImpossible, 2026-11-26).
 TORCH_HERE=$("$PY" -c "import importlib.metadata as m; print(m.version('torch'))")
-"$PY" -m pip install -q lightning "ray[train]" accelerate "transformers>=5.24" -c <(echo "torch==$TORCH_HERE")
+"$PY" -m pip install -q lightning "ray[train]" accelerate "transformers>=5.24" "deepspeed>=0.19.8" -c <(echo "torch==$TORCH_HERE")
 "$PY" -m pip install -q --no-build-isolation --no-deps -e .

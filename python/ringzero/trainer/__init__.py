@@ -6,7 +6,7 @@
   device.py         rank to GPU, process-group backends, precision (pure decisions, unit-tested on CPU)
   strategies.py     ringzero's runs: ddp, zero1-3 (DataParallelRun), tp, tp+zero1 (TensorParallelRun),
                     pp, pp+zero1/2 and 3d (PipelineRun)
-  baselines.py      the stock-torch rows: torch-ddp, torch-fsdp2
+  baselines*.py     the stock rows: torch-ddp, torch-fsdp2, torch-pp, torch-tp, deepspeed-zero1/2/3
   loop.py           one rank's run: build, resume, train, validate, summarise
   metering.py       peak tensor memory per rank (CPU meter or torch.cuda statistics)
   faults.py         RINGZERO_FAULT, for the restart test
