@@ -22,6 +22,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 OPS = ("all_reduce", "reduce_scatter", "all_gather")
+SLICE_NUMEL = (1 << 20) // 4  # the bare link's messages: the rings' default 1 MiB slices
 
 
 def rank_main(out: str, sizes_mib: list[float], repeats: int, ops: list[str]):
@@ -45,6 +46,18 @@ def rank_main(out: str, sizes_mib: list[float], repeats: int, ops: list[str]):
         comm.shm.reduce_scatter(x, part, int(ringzero.ReduceOp.SUM))
         comm.shm.all_gather(part, x)
 
+    def link(x):
+        """The bare link as gloo point-to-point moves it: every rank sends to its cross-host ring neighbour
+        what the hierarchical all-reduce sends across, 2(H-1)/H of its 1/L share, while it receives as much."""
+        ring = comm.cross_ring or comm.flat_ring
+        hosts = len(comm.hosts)
+        t = x[: int(2 * (hosts - 1) / hosts * x.numel() / comm.local_world)]
+        got = torch.empty_like(t)
+        works = [dist.irecv(s, ring.left) for s in got.split(SLICE_NUMEL)]  # first, as the rings do
+        works += [dist.isend(s, ring.right) for s in t.split(SLICE_NUMEL)]
+        for w in works:
+            w.wait()
+
     rows = []
     for mib in sizes_mib:
         x = torch.ones(int(mib * (1 << 20)) // 4 // world * world)
@@ -57,25 +70,35 @@ def rank_main(out: str, sizes_mib: list[float], repeats: int, ops: list[str]):
                                "gloo": lambda: dist.all_gather_into_tensor(x, piece)}}
         if comm.hierarchical:
             ways["all_reduce"]["in host"] = lambda: in_host(x)
+        ways["all_reduce"]["link"] = lambda: link(x)
         for op in ops:
             row = {"op": op, "bytes": x.numel() * 4}
             for name, fn in ways[op].items():
-                fn()  # warm-up (connections, buffers)
-                times = []
-                for _ in range(repeats):
-                    dist.barrier()
-                    t0 = time.perf_counter()
-                    fn()
-                    times.append(time.perf_counter() - t0)
-                worst = torch.tensor([statistics.median(times)], dtype=torch.float64)
-                dist.all_reduce(worst, op=dist.ReduceOp.MAX)  # the slowest rank's median is the collective's time
-                row[name] = worst.item() * 1e3
+                row[name] = slowest_median_ms(fn, repeats)
             row["load"] = os.getloadavg()[0]
             rows.append(row)
     if dist.get_rank() == 0:
         with open(os.path.join(out, "bench.json"), "w") as f:
             json.dump({"rows": rows, "hierarchical": comm.hierarchical}, f)
     dist.destroy_process_group()
+
+
+def slowest_median_ms(fn, repeats: int) -> float:
+    """fn timed `repeats` times after one warm-up (connections, buffers), each run started together by a
+    barrier: the slowest rank's median, in ms (every rank of the default group calls it)."""
+    import torch
+    import torch.distributed as dist
+
+    fn()
+    times = []
+    for _ in range(repeats):
+        dist.barrier()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    worst = torch.tensor([statistics.median(times)], dtype=torch.float64)
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX)  # the slowest rank's median is the collective's time
+    return worst.item() * 1e3
 
 
 def link_bound_ms(op: str, nbytes: int, hosts: int, rate_gbit: float) -> float:
@@ -96,16 +119,19 @@ is what tbf counts): the share of the shaped rate that carries data (gloo's flat
 
 
 def predicted_ms(op: str, nbytes: int, rate_gbit: float, intra_gbps: float, latency_us: float, hosts: int,
-                 local: int) -> dict:
+                 local: int, link_gbps: float) -> dict:
     """`ringzero estimate`'s times for the lab: the link at its TCP goodput, one NIC per host, the hierarchical
-    steps pipelined over ringzero's segments (comm/transports.py)."""
+    steps pipelined over ringzero's segments (comm/transports.py). link_gbps: what the bare link moved
+    (gloo point-to-point, both ways at once); where that is under 90% of the goodput the host's cores,
+    not the link, set the rate, and the model takes it as the host's (Cluster.host_bytes_per_s)."""
     import dataclasses
 
     from ringzero.comm.transports import PIPELINE_SEGMENT_BYTES
     from ringzero.estimate.network import GroupShape, collective_times, custom_cluster
 
     cluster = custom_cluster(intra_gbps, rate_gbit * TCP_GOODPUT, latency_us, gpus_per_node=local, nics_per_node=1)
-    cluster = dataclasses.replace(cluster, pipeline_segment_bytes=PIPELINE_SEGMENT_BYTES)
+    cores = link_gbps / 8 * 1e9 if link_gbps < 0.9 * rate_gbit * TCP_GOODPUT else None
+    cluster = dataclasses.replace(cluster, pipeline_segment_bytes=PIPELINE_SEGMENT_BYTES, host_bytes_per_s=cores)
     times = collective_times(op, nbytes, GroupShape(hosts * local, hosts, local), cluster)
     return {k: v * 1e3 for k, v in times.items()}
 
@@ -147,7 +173,7 @@ def main():
         print(f"\nlink {rate:g} Gbit/s per host and direction (tbf burst {lab.burst_bytes} B)" if rate else
               "\nunshaped veth (what the CPUs can move)")
         print(f"{'op':<14} | {'MiB':>4} | {'ringzero':>8} | {'bound':>6} | {'of bound':>8} | {'est':>6} | "
-              f"{'ms/est':>6} | {'gloo ms':>7} | {'gloo/rz':>7} | {'flat ms':>7} | {'in-host':>7} | load")
+              f"{'ms/est':>6} | {'gloo ms':>7} | {'gloo/rz':>7} | {'flat ms':>7} | {'in-host':>7} | {'link Gb/s':>9} | load")
         for row in rows:
             op, nbytes = row["op"], row["bytes"]
             bound = link_bound_ms(op, nbytes, H, rate) if rate and (hier or L == 1) else None  # L=1: the flat ring is it
@@ -158,14 +184,17 @@ def main():
             intra = args.intra_gbps or next((r["intra"] for r in rows if r["bytes"] == nbytes and "intra" in r), None)
             if L == 1:  # no in-host step: any in-host link faster than the network leaves the flat ring to it
                 intra = 1e3
-            if rate and intra:
-                est = predicted_ms(op, nbytes, rate, intra, args.latency_us, H, L).get("hierarchical" if hier else "ring")
+            link = next((r["link"] for r in rows if r["bytes"] == nbytes and "link" in r), None)
+            link_gbps = link and 2 * (H - 1) / H * nbytes * 8 / (link * 1e-3) / 1e9
+            if rate and intra and link_gbps:
+                est = predicted_ms(op, nbytes, rate, intra, args.latency_us, H, L, link_gbps).get(
+                    "hierarchical" if hier else "ring")
             cell = lambda v, w, f="{:.1f}": f"{f.format(v) if v is not None else '-':>{w}}"  # noqa: E731
             print(f"{op:<14} | {nbytes / (1 << 20):>4g} | {row['ringzero']:>8.1f} | {cell(bound, 6)} | "
                   f"{cell(bound and bound / row['ringzero'], 8, '{:.0%}')} | {cell(est, 6)} | "
                   f"{cell(est and row['ringzero'] / est, 6, '{:.2f}')} | {row['gloo']:>7.1f} | "
                   f"{row['gloo'] / row['ringzero']:>6.2f}x | {cell(row.get('flat ring'), 7)} | "
-                  f"{cell(row.get('in host'), 7)} | {row['load']:.2f}")
+                  f"{cell(row.get('in host'), 7)} | {cell(link_gbps, 9, '{:.2f}')} | {row['load']:.2f}")
 
 
 if __name__ == "__main__":

@@ -8,13 +8,13 @@ Every row is the slowest rank's median of --repeats, in ms, with the link bound 
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+sys.path.insert(0, HERE)
+from hostlab_bench import slowest_median_ms  # noqa: E402
 
 
 def rank_main(out: str, mib: float, repeats: int, segments_mib: list[float]):
@@ -91,16 +91,7 @@ def rank_main(out: str, mib: float, repeats: int, segments_mib: list[float]):
                 cases[name] = (lambda sb=sb, both=both, ranks=ranks: sendrecv(half, sb, both, ranks), half * len(ranks))
     rows = []
     for name, (fn, link_bytes) in cases.items():
-        fn()
-        times = []
-        for _ in range(repeats):
-            dist.barrier()
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        worst = torch.tensor([statistics.median(times)], dtype=torch.float64)
-        dist.all_reduce(worst, op=dist.ReduceOp.MAX)
-        rows.append({"case": name, "ms": worst.item() * 1e3, "link_bytes": link_bytes,
+        rows.append({"case": name, "ms": slowest_median_ms(fn, repeats), "link_bytes": link_bytes,
                      "load": os.getloadavg()[0]})
     if dist.get_rank() == 0:
         with open(os.path.join(out, "phases.json"), "w") as f:

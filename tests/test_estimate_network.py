@@ -193,3 +193,17 @@ def test_pipelined_hierarchical_overlaps_its_steps(op):
     assert collective_times(op, nbytes, shape, piped)["hierarchical"] == pytest.approx(cross + inside / 4, rel=1e-12)
     one = Cluster("t", 2, intra, inter, nics_per_node=1, pipeline_segment_bytes=nbytes)
     assert collective_times(op, nbytes, shape, one)["hierarchical"] == pytest.approx(whole, rel=1e-12)
+
+
+def test_cores_slower_than_the_link_cap_it_and_end_the_overlap():
+    """Cluster.host_bytes_per_s below the NICs: the cross-node rate is the cores', and the pipelined steps
+    add up (the in-node steps need the same cores); above the NICs it changes nothing."""
+    intra, inter = Link(bytes_per_s=2e9, latency_s=0.0), Link(bytes_per_s=1.25e9, latency_s=0.0)
+    shape, nbytes = GroupShape(4, 2, 2), 2**24
+    slow = Cluster("t", 2, intra, Link(bytes_per_s=0.5e9, latency_s=0.0), nics_per_node=1)
+    capped = Cluster("t", 2, intra, inter, nics_per_node=1, pipeline_segment_bytes=nbytes // 4, host_bytes_per_s=0.5e9)
+    got = collective_times("all_reduce", nbytes, shape, capped)["hierarchical"]
+    assert got == pytest.approx(collective_times("all_reduce", nbytes, shape, slow)["hierarchical"], rel=1e-12)
+    fast = Cluster("t", 2, intra, inter, nics_per_node=1, pipeline_segment_bytes=nbytes // 4, host_bytes_per_s=5e9)
+    plain = Cluster("t", 2, intra, inter, nics_per_node=1, pipeline_segment_bytes=nbytes // 4)
+    assert collective_times("all_reduce", nbytes, shape, fast) == collective_times("all_reduce", nbytes, shape, plain)

@@ -17,7 +17,9 @@ bandwidth B (per direction, per GPU); a collective is its steps in sequence:
   pipelined hierarchical  (Cluster.pipeline_segment_bytes set: ringzero's CPU path) the same steps on
                           k = M / segment segments at once: the in-node steps (one thread) and the
                           cross-node step (the link) overlap, so the slower of the two runs throughout and
-                          the other adds one segment's worth: max(a, b) + min(a, b) / k
+                          the other adds one segment's worth: max(a, b) + min(a, b) / k; where the
+                          host's cores move fewer bytes than its NICs (Cluster.host_bytes_per_s), they
+                          cap the cross-node rate and the steps run one after another on them
 
 M is the whole buffer as nccl-tests counts it (all-reduce: the tensor; reduce-scatter: the input;
 all-gather: the output). One-shot and two-shot need every peer's memory (NVLink/NVSwitch, shared
@@ -70,6 +72,15 @@ class Cluster:
     """The hierarchical collectives pipeline their in-node and cross-node steps over segments of this many
     bytes of M (ringzero's CPU path across hosts, comm/transports.py); None: the steps run one after
     another."""
+    host_bytes_per_s: float | None = None
+    """What a CPU host's cores can move through its network stack per direction, all its ranks together,
+    where that is less than its NICs (None: the NICs limit). Then the cores, not the link, set the
+    cross-node time, and the in-node steps, which need the same cores, no longer overlap it."""
+
+    @property
+    def cores_bound(self) -> bool:
+        nics = self.gpus_per_node if self.nics_per_node is None else self.nics_per_node
+        return self.host_bytes_per_s is not None and self.host_bytes_per_s < nics * self.inter.bytes_per_s
 
     def __post_init__(self):
         positive_ints("--", **{"gpus-per-node": self.gpus_per_node})
@@ -79,7 +90,10 @@ class Cluster:
     def cross_link(self, concurrent: int) -> Link:
         """What each of `concurrent` streams leaving a node at once gets of its NICs."""
         nics = self.gpus_per_node if self.nics_per_node is None else self.nics_per_node
-        return Link(self.inter.bytes_per_s * min(1.0, nics / concurrent), self.inter.latency_s)
+        rate = self.inter.bytes_per_s * min(1.0, nics / concurrent)
+        if self.host_bytes_per_s is not None:
+            rate = min(rate, self.host_bytes_per_s / concurrent)
+        return Link(rate, self.inter.latency_s)
 
     def describe(self) -> str:
         mem = f", {self.gpu_mem_bytes / 1e9:.0f} GB per GPU" if self.gpu_mem_bytes else ""
@@ -197,7 +211,7 @@ def _hierarchical(op: str, nbytes: float, shape: GroupShape, cluster: Cluster) -
         in_node = _ring(op, nbytes, inside, cluster.intra)
         cross = _ring(op, nbytes / inside, across, cluster.cross_link(inside))
     segments = int(nbytes // cluster.pipeline_segment_bytes) if cluster.pipeline_segment_bytes else 0
-    if segments < 2:  # ringzero pipelines from two whole segments up
+    if segments < 2 or cluster.cores_bound:  # ringzero pipelines from two whole segments up
         return in_node + cross
     return max(in_node, cross) + min(in_node, cross) / segments
 
@@ -218,7 +232,7 @@ def collective_times(op: str, nbytes: float, shape: GroupShape, cluster: Cluster
         if op == "all_reduce":
             times["two-shot"] = _two_shot(nbytes, n, link)
         return times
-    slow = Link(min(cluster.intra.bytes_per_s, cluster.inter.bytes_per_s),
+    slow = Link(min(cluster.intra.bytes_per_s, cluster.inter.bytes_per_s, cluster.host_bytes_per_s or math.inf),
                 max(cluster.intra.latency_s, cluster.inter.latency_s))
     if op == "send_recv":
         return {"ring": slow.latency_s + nbytes / slow.bytes_per_s}
