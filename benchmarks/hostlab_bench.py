@@ -136,6 +136,32 @@ def predicted_ms(op: str, nbytes: int, rate_gbit: float, intra_gbps: float, late
     return {k: v * 1e3 for k, v in times.items()}
 
 
+TRAIN_ARGS = ["--steps", "10", "--batch", "8", "--seq", "64", "--layers", "4", "--d-model", "256", "--heads", "4",
+              "--val-every", "0", "--no-progress"]
+"""The training row's model: 3.3M parameters (13 MiB of float32 gradients per step against 2 x 64 x 4 tokens
+of compute per rank), so that the link, not the 2 cores, is most of a step at 1 Gbit/s."""
+TRAIN_PAIRS = (("ddp", "torch-ddp"), ("zero2", "torch-fsdp2"))
+
+
+def train_rows(lab, hosts: int, local: int, out: str) -> list[tuple]:
+    """tokens/s of `ringzero train` for each (ringzero, torch) pair of TRAIN_PAIRS, every run on the lab's hosts."""
+    rows = []
+    for ours, theirs in TRAIN_PAIRS:
+        tps = []
+        for strategy in (ours, theirs):
+            folder = os.path.join(out, strategy)
+            how = ["--strategy", strategy] if strategy == ours else ["--compare", strategy]
+            runs = lab.run([local] * hosts, ["-m", "ringzero.train", *how, *TRAIN_ARGS, "--out", folder],
+                           {"RINGZERO_TIMEOUT_S": "300"}, timeout_s=900)
+            bad = [r for r in runs if r.returncode != 0]
+            if bad:
+                raise SystemExit(f"train {strategy}: host {bad[0].host} failed:\n{bad[0].output[-4000:]}")
+            with open(os.path.join(folder, "results.json")) as f:
+                tps.append(json.load(f)["tokens_per_s"])
+        rows.append((ours, theirs, *tps, os.getloadavg()[0]))
+    return rows
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rates-gbit", type=float, nargs="+", default=[1, 10], help="0: an unshaped veth (no estimate)")
@@ -149,6 +175,8 @@ def main():
     p.add_argument("--intra-gbps", type=float, default=None, help="the estimate's in-host link (shared memory), "
                    "gigabits/s per rank and direction (default: calibrated from the measured in-host phases)")
     p.add_argument("--latency-us", type=float, default=100.0, help="the estimate's step latency")
+    p.add_argument("--train", action="store_true", help="also the training row: tokens/s of `ringzero train` "
+                   "ddp and zero2 against torch DDP and FSDP2 on gloo, on the same hosts")
     p.add_argument("--rank", metavar="OUT", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.rank:
@@ -169,6 +197,7 @@ def main():
                 raise SystemExit(f"host {bad[0].host} failed:\n{bad[0].output[-4000:]}")
             with open(os.path.join(out, "bench.json")) as f:
                 result = json.load(f)
+            trained = train_rows(lab, H, L, out) if args.train else []
         rows, hier = result["rows"], result["hierarchical"]
         print(f"\nlink {rate:g} Gbit/s per host and direction (tbf burst {lab.burst_bytes} B)" if rate else
               "\nunshaped veth (what the CPUs can move)")
@@ -196,6 +225,14 @@ def main():
                   f"{row['gloo'] / row['ringzero']:>6.2f}x | {cell(row.get('flat ring'), 7)} | "
                   f"{cell(row.get('in host'), 7)} | {cell(link_gbps, 9, '{:.2f}')} | {row['load']:.2f}")
 
+        if trained:
+            print(f"\ntraining, {' '.join(TRAIN_ARGS)}, {H} hosts x {L} ranks, link {rate:g} Gbit/s")
+            print(f"{'ringzero':<9} | {'tokens/s':>8} | {'torch':<12} | {'tokens/s':>8} | {'ratio':>6} | load")
+            for ours, theirs, ours_tps, theirs_tps, load in trained:
+                print(f"{ours:<9} | {ours_tps:>8.0f} | {theirs:<12} | {theirs_tps:>8.0f} | {ours_tps / theirs_tps:>5.2f}x | "
+                      f"{load:.2f}")
+
 
 if __name__ == "__main__":
     main()
+
