@@ -43,8 +43,11 @@ def rank_main(out: str, sizes_mib: list[float], repeats: int, ops: list[str]):
 
     def in_host(x):  # the hierarchical all-reduce's two shared-memory phases alone (calibrates --intra-gbps)
         part = x.new_empty(x.numel() // comm.local_world)
+        spin = comm.shm.spin
+        comm.shm.set_spin(False)  # as inside the pipelined collectives (comm/transports.py _pipeline)
         comm.shm.reduce_scatter(x, part, int(ringzero.ReduceOp.SUM))
         comm.shm.all_gather(part, x)
+        comm.shm.set_spin(spin)
 
     def link(x):
         """The bare link as gloo point-to-point moves it: every rank sends to its cross-host ring neighbour
