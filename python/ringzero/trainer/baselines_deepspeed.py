@@ -13,9 +13,9 @@ import os
 
 import torch.distributed as dist
 
-from .models import model_family
 from .baselines import torch_adamw
-from .strategies import DataParallelRun, RankEnv, compute_module
+from .models import model_family
+from .strategies import DataParallelRun, RankEnv, _slice, compute_module, set_lr
 
 BUCKET_ELEMENTS = 25 * 2**20 // 4
 """DeepSpeed's bucket sizes, in float32 elements: ringzero's and torch DDP's 25 MiB bucket cap. DeepSpeed's
@@ -58,8 +58,6 @@ class DeepSpeedRun(DataParallelRun):
         return cls(engine, opt, args, world, dist.get_rank())
 
     def train_step(self, x, y, step: int) -> float:
-        from .strategies import _slice, set_lr
-
         xs, ys = _slice(x, self.replicas, self.replica), _slice(y, self.replicas, self.replica)
         set_lr(self.opt, self.args.lr, step)
         loss = self.loss(xs, ys)

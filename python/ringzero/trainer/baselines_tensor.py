@@ -16,7 +16,7 @@ reduce-scatters there instead: one all-reduce of (B, T, d) against one reduce-sc
 Every parameter is a DTensor (the unsplit ones Replicate), so torch.optim.AdamW and clip_grad_norm_
 treat them as one model. The GPT's fused qkv is cut into q, k and v Linears (same weights), the
 shape ColwiseParallel splits by heads. Ranks are all tensor-parallel (no replicas); --recompute is
-ignored. GPT-2's fused Conv1D projections and tied head have no torch style: refused.
+ignored. GPT-2's fused Conv1D projections and a tied head have no torch style: refused.
 """
 from __future__ import annotations
 
@@ -188,11 +188,11 @@ class TorchTensorParallelRun(DataParallelRun):
         sp = bool(args.sequence_parallel)
         if family.name == "gpt":
             plan = _gpt_plan(model, mesh, sp)
-        elif family.name in ("hf:llama", "hf:qwen2"):
+        elif family.name in ("hf:llama", "hf:qwen2") and not family.tied:
             plan = _llama_plan(model, mesh, sp)
         else:
-            raise ValueError(f"torch-tp on --model {family.name}: its fused Conv1D projections and tied head have "
-                             "no torch parallel style; use hf:llama or hf:qwen2")
+            raise ValueError(f"torch-tp on --model {family.name}: fused Conv1D projections (gpt2) and a head tied to "
+                             "the embedding have no torch parallel style; use hf:llama or hf:qwen2, untied")
         parallelize_module(model, mesh, plan)
         _replicate_rest(model, mesh)
         module = model if family.name == "gpt" else family.module(model)
