@@ -4,8 +4,8 @@ findings to <out>/rank<global rank>.json for tests/test_hostlab.py to judge.
   collectives: every collective against gloo (tests/collective_cases.py), send/recv through a ringzero
                backend group, and the layout the communicator found (its topology and shared memory)
                beside what the ranks see of their hosts (hostname, /dev/shm device).
-  fault:       all-reduces in a loop until one fails (the test cuts a host's link meanwhile); records the
-               exception, its message and when it came.
+  fault:       all-reduces of --mib MiB in a loop until one fails (the test cuts a host's link meanwhile);
+               records the exception, its message and when it came.
 """
 import argparse
 import json
@@ -64,8 +64,8 @@ def collectives(rank: int, world: int) -> dict:
     return {"mode": mode, "cases": cases, **layout(comm)}
 
 
-def fault(rank: int, world: int, out: str) -> dict:
-    x = torch.ones(1 << 20)
+def fault(rank: int, world: int, out: str, mib: float) -> dict:
+    x = torch.ones(int(mib * (1 << 20)) // 4)
     ringzero.all_reduce(x)  # the communicator is set up before the link goes
     open(os.path.join(out, f"ready{rank}"), "w").close()
     calls, start = 0, time.time()
@@ -82,10 +82,11 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("mode", choices=["collectives", "fault"])
     parser.add_argument("--out", required=True)
+    parser.add_argument("--mib", type=float, default=4, help="fault: the all-reduce's size")
     args = parser.parse_args()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    result = collectives(rank, world) if args.mode == "collectives" else fault(rank, world, args.out)
+    result = collectives(rank, world) if args.mode == "collectives" else fault(rank, world, args.out, args.mib)
     result["rank"] = rank
     with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
         json.dump(result, f)

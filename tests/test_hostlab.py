@@ -112,7 +112,8 @@ def test_hosts_with_one_hostname_are_told_apart_by_their_shm(tmp_path):
     check_layout(res, [2, 2], True)
 
 
-def test_cut_link_raises_comm_timeout_naming_the_far_side(tmp_path):
+@pytest.mark.parametrize("mib", [4, 16])  # 16 MiB: the pipelined all-reduce (its worker thread, a tag per segment)
+def test_cut_link_raises_comm_timeout_naming_the_far_side(tmp_path, mib):
     """Host 1's bridge port goes down during all-reduces of 2 hosts x 2 ranks: every rank raises
     CommTimeout within RINGZERO_TIMEOUT_S + FAULT_MARGIN_S of the cut, naming a rank of the other host: its
     peer in the cross-host ring or, when it waited for its local peer in a shared-memory step, that peer's
@@ -121,7 +122,8 @@ def test_cut_link_raises_comm_timeout_naming_the_far_side(tmp_path):
     a peer waits, a rank whose clock ran out first named only its local peer: seen once in CI, 2026-11-26.)"""
     out = str(tmp_path)
     with hostlab.HostLab(2) as lab:
-        procs = lab.start([2, 2], [*RANKS, "fault", "--out", out], {"RINGZERO_TIMEOUT_S": str(FAULT_TIMEOUT_S)})
+        procs = lab.start([2, 2], [*RANKS, "fault", "--out", out, "--mib", str(mib)],
+                           {"RINGZERO_TIMEOUT_S": str(FAULT_TIMEOUT_S)})
         deadline = time.monotonic() + LAUNCH_TIMEOUT_S
         while len(glob.glob(os.path.join(out, "ready*"))) < 4:
             assert time.monotonic() < deadline and all(p.poll() is None for p in procs), "ranks did not start"
