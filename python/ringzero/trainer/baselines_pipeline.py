@@ -7,7 +7,7 @@ ScheduleGPipe, 1F1B: Schedule1F1B) with the same --microbatches; its loss is mod
 microbatch with the gradients scaled by 1 / microbatches (scale_grads), which for equal microbatches is
 the whole batch's mean, as in ringzero's runtime. torch.optim.AdamW on each stage; the clip's norm is
 summed over the stages (a weight tied between the first and last stage counted once, its gradients
-exchanged by the family's grad_sync as in ringzero's run). ZB-H1 has no single-stage-per-rank torch
+exchanged by the family's grad_sync as in ringzero's run). ZBH1 has no one-stage-per-rank torch
 schedule: refused.
 """
 from __future__ import annotations
