@@ -110,12 +110,19 @@ def run_job(args, result: str) -> dict:
                HERE] + common
     else:
         cmd = [sys.executable, HERE, "--nproc", str(args.nproc)] + common
+    from ringzero.bench import core_round_trip_ns, placement_of
+
+    before = core_round_trip_ns()
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.job_timeout_s)
     if out.returncode != 0 or not os.path.exists(result):
         raise SystemExit(f"job failed (exit {out.returncode}):\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}")
+    after = core_round_trip_ns()
     with open(result) as f:
         ranks = json.load(f)
-    return {"cpus": [r["cpus"] for r in ranks], "rows": summarise(ranks)}
+    # Where the host ran the two cpus, before and after the job (one L3 or two: bench.SPLIT_CACHE_NS).
+    trips = [ns for ns in (before, after) if ns is not None]
+    return {"cpus": [r["cpus"] for r in ranks], "rows": summarise(ranks), "round_trip_ns": trips,
+            "placement": placement_of(trips) if trips else "n/a"}
 
 
 def table(jobs: list, args) -> str:
@@ -170,7 +177,10 @@ def main(argv=None):
         jobs = [run_job(args, os.path.join(tmp, f"job-{j}.json")) for j in range(args.jobs)]
     text = (f"# run_to_run | {time.strftime('%Y-%m-%d %H:%M')} | {os.cpu_count()} cpus | {args.nproc} ranks by "
             f"{args.launcher} | {args.jobs} jobs | budget {args.budget_s} s per row | load before: {load}\n"
-            f"# ranks' cpus per job: {'; '.join(str(job['cpus']) for job in jobs)}\n\n{table(jobs, args)}\n")
+            f"# ranks' cpus per job: {'; '.join(str(job['cpus']) for job in jobs)}\n"
+            f"# cores per job (one: both cpus on one L3 before and after; split: on two; mixed: it changed), round "
+            f"trips ns: {'; '.join(job['placement'] + ' ' + '/'.join(f'{ns:.0f}' for ns in job['round_trip_ns']) for job in jobs)}"
+            f"\n\n{table(jobs, args)}\n")
     print(text)
     if args.out:
         with open(args.out + ".md", "w") as f:
