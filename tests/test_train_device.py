@@ -114,8 +114,9 @@ def test_ratios_to_the_matching_torch_row():
     assert got["zero2"]["ref"] == "torch-fsdp2" and got["pp"]["ref"] == "torch-ddp"
     assert "torch-ddp" not in got and "torch-fsdp2" not in got
     text = table(rows)
-    assert "vs torch" in text.splitlines()[0] and "torch-fsdp2 |    1.20 |" in text
-    assert "vs torch" not in table([_row("ddp", 1.0, 1.0, 1.0)])  # no torch row: today's columns only
+    # Each ringzero row names the row its ratios are against ("vs"), then the ratios.
+    assert "| vs " in text.splitlines()[0] and "| torch-fsdp2     |    1.20 |" in text
+    assert "| vs " not in table([_row("ddp", 1.0, 1.0, 1.0)])  # no torch row: today's columns only
 
 
 @pytest.mark.parametrize("count, local_rank, run, want_device, want_transport, want_group", [
