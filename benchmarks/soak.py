@@ -130,9 +130,13 @@ def soak_body(rank: int, world: int, steps: int, max_seconds: float, seed: int =
             ringzero.all_reduce(flag, op=ringzero.ReduceOp.MAX)
             if flag.item():
                 break
-    return {"collectives": done, "seconds": time.monotonic() - start,
-            "rss_growth_bytes": (_rss_bytes() - rss0) if rss0 is not None else 0,
-            "fd_growth": (_fds() - fds0) if fds0 is not None else 0}
+    seconds = time.monotonic() - start
+    rss_growth = (_rss_bytes() - rss0) if rss0 is not None else 0
+    fd_growth = (_fds() - fds0) if fds0 is not None else 0
+    # No rank leaves before every rank has counted: a rank that returns tears its process group down, and
+    # gloo then closes the far ends of its sockets in the ranks still counting (a false -1 per peer).
+    ringzero.barrier()
+    return {"collectives": done, "seconds": seconds, "rss_growth_bytes": rss_growth, "fd_growth": fd_growth}
 
 
 def _main_rank(args):
