@@ -69,6 +69,9 @@ class ParallelAttention(nn.Module):
                 position_embeddings = self._rotary[0](q, positions)
             cos, sin = (z.unsqueeze(1) for z in position_embeddings)
             q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+            # Attention saves q, k and v for backward: q and k are new tensors now, and v as a view would keep
+            # the whole fused q|k|v output alive; a copy of v holds only its kv / (h + 2 kv) share of it.
+            v = v.contiguous()
         a = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask, is_causal=attention_mask is None,
                                            scale=self.scaling, enable_gqa=h != kv)
         return self.out(a.transpose(1, 2).reshape(b, t, h * hd)), None
