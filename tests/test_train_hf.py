@@ -84,7 +84,7 @@ def test_every_strategy_on_two_ranks_matches_one_process(reference):
     for name, summary in by.items():
         model, strategy, recompute = name.split()
         assert summary["model"] == model and summary["recompute"] == recompute
-        assert summary["estimate_note"] and summary["estimate_mib_per_rank"] > 0
+        assert summary["estimate_note"] is None and summary["estimate_mib_per_rank"] > 0  # the model's shape
         check_against(reference, model, f"{strategy} {recompute}", summary)
 
 

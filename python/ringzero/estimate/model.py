@@ -23,6 +23,18 @@ ACTIVATION_FORMULA = ("Korthikanti et al. 2022, 'Reducing Activation Recomputati
                       "Models': 34sbh + 5as^2b bytes per layer with 16-bit activations and dropout")
 
 ATTENTION_KINDS = ("eager", "flash")
+MLP_KINDS = ("gelu", "gelu_new", "swiglu")
+"""What the MLP keeps per hidden unit, by kind: 'gelu' a fused GeLU (its input and output: 2 widths),
+'gelu_new' GPT-2's tanh GeLU written as Python ops (four intermediates and the output: 5), 'swiglu' a gated
+MLP, down(silu(gate(x)) * up(x)) (the gate, its silu, up and the product: 4) with three weight matrices."""
+NORM_KINDS = ("layer", "rms")
+"""'layer': a fused LayerNorm (weight and bias; keeps its input and per-row statistics); 'rms': an RMSNorm
+written as Python ops, as transformers' Llama-family models have it (weight only; keeps its input and the
+normalised input as well)."""
+POSITION_KINDS = ("learned", "rotary")
+BIAS_KINDS = ("all", "qkv", "none")
+"""Which linear layers have biases: 'all' (GPT, GPT-2), 'qkv' (only q, k and v: Qwen2), 'none' (Llama)."""
+MLP_KEPT = {"gelu": 2, "gelu_new": 5, "swiglu": 4}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +61,18 @@ class ModelShape:
     attention: str = "eager"
     """'eager' stores the s x s softmax (the paper); 'flash' (fused kernels such as torch's
     scaled_dot_product_attention) stores only its output, never an s x s matrix."""
+    kv_heads: int | None = None
+    """Key/value heads (grouped-query attention); None: n_head."""
+    mlp_width: int | None = None
+    """The MLP's hidden width (transformers' intermediate_size); None: mlp_ratio * d_model."""
+    mlp: str = "gelu"
+    """One of MLP_KINDS."""
+    norm: str = "layer"
+    """One of NORM_KINDS."""
+    positions: str = "learned"
+    """'learned' (a table of seq_len x h parameters) or 'rotary' (no parameters)."""
+    bias: str = "all"
+    """One of BIAS_KINDS."""
 
     def __post_init__(self):
         positive_ints("model ", **{k: getattr(self, k) for k in
@@ -58,6 +82,55 @@ class ModelShape:
                              f"choose heads among the divisors of {self.d_model}")
         if self.attention not in ATTENTION_KINDS:
             raise ValueError(f"model attention={self.attention!r}: use one of {ATTENTION_KINDS}")
+        for name, kinds in (("mlp", MLP_KINDS), ("norm", NORM_KINDS), ("positions", POSITION_KINDS),
+                            ("bias", BIAS_KINDS)):
+            if getattr(self, name) not in kinds:
+                raise ValueError(f"model {name}={getattr(self, name)!r}: use one of {kinds}")
+        for name in ("kv_heads", "mlp_width"):
+            if getattr(self, name) is not None:
+                positive_ints("model ", **{name: getattr(self, name)})
+        if self.n_head % self.kv:
+            raise ValueError(f"model kv_heads={self.kv_heads} must divide n_head={self.n_head}")
+
+    @property
+    def kv(self) -> int:
+        """Key/value heads."""
+        return self.kv_heads or self.n_head
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of the keys (and of the values): kv heads x head size."""
+        return self.kv * (self.d_model // self.n_head)
+
+    @property
+    def width(self) -> int:
+        """The MLP's hidden width."""
+        return self.mlp_width or self.mlp_ratio * self.d_model
+
+    @property
+    def norm_params(self) -> int:
+        """Parameters of one norm: weight and bias (layer), weight (rms)."""
+        return (2 if self.norm == "layer" else 1) * self.d_model
+
+    @classmethod
+    def from_hf_config(cls, config, seq_len: int) -> "ModelShape":
+        """The shape of a transformers causal LM of `config` (model_type llama, mistral, qwen2 or gpt2) on
+        sequences of seq_len tokens, as ringzero.models.hf builds and runs it: PyTorch's SDPA attention
+        ('flash': no s x s matrix), the family's norms, MLP, positions and biases, and dropout only where
+        the config has a nonzero dropout probability. ValueError for another model_type."""
+        kind = getattr(config, "model_type", None)
+        h, heads, attn = config.hidden_size, config.num_attention_heads, getattr(config, "_attn_implementation", None)
+        common = dict(n_layer=config.num_hidden_layers, d_model=h, n_head=heads, vocab_size=config.vocab_size,
+                      seq_len=seq_len, tied_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+                      attention="eager" if attn == "eager" else "flash")
+        if kind == "gpt2":
+            drops = (config.resid_pdrop, config.embd_pdrop, config.attn_pdrop)
+            return cls(**common, mlp_width=config.n_inner or 4 * h, mlp="gelu_new", dropout=any(drops))
+        if kind in ("llama", "mistral", "qwen2"):
+            return cls(**common, kv_heads=config.num_key_value_heads, mlp_width=config.intermediate_size, mlp="swiglu",
+                       norm="rms", positions="rotary", bias="qkv" if kind == "qwen2" else "none",
+                       dropout=bool(getattr(config, "attention_dropout", 0.0)))
+        raise ValueError(f"model_type={kind!r}: the estimator knows llama, mistral, qwen2 and gpt2 shapes")
 
     @classmethod
     def from_gpt_config(cls, cfg) -> "ModelShape":
@@ -70,9 +143,9 @@ class ModelShape:
         """tp if this model splits over tp tensor-parallel ranks (whole heads and MLP units per rank)."""
         if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
             raise ValueError(f"tp must be a positive int, got {tp!r}")
-        if self.n_head % tp or (self.mlp_ratio * self.d_model) % tp:
-            raise ValueError(f"tp={tp} must divide the heads ({self.n_head}) and the MLP width "
-                             f"({self.mlp_ratio * self.d_model}); choose tp among the divisors of {self.n_head}")
+        if self.n_head % tp or self.kv % tp or self.width % tp:
+            raise ValueError(f"tp={tp} must divide the heads ({self.n_head}), the key/value heads ({self.kv}) and "
+                             f"the MLP width ({self.width}); choose tp among the divisors of {self.kv}")
         return tp
 
     # ---- parameters (per tensor-parallel rank) ------------------------------------------------------------
@@ -83,18 +156,29 @@ class ModelShape:
 
     def embedding_params(self, tp: int = 1) -> int:
         """Token table V*h (vocabulary-parallel: V/t rows per rank) plus learned positions s*h (whole)."""
-        return (self.vocab_rows(tp) + self.seq_len) * self.d_model
+        return (self.vocab_rows(tp) + (self.seq_len if self.positions == "learned" else 0)) * self.d_model
 
     def layer_params(self, tp: int = 1) -> int:
-        """One block: qkv (3h^2+3h), proj (h^2+h), fc (rh^2+rh), out (rh^2+h), two norms (4h). Over t
-        ranks: the four weight matrices and the qkv and fc biases are split, the proj and out biases and
-        the norms (6h) are not."""
-        h, r = self.d_model, self.mlp_ratio
-        return ((4 + 2 * r) * h * h + (3 + r) * h) // self.check_tp(tp) + 6 * h
+        """One block, with k the key/value width and w the MLP width: q and proj (h^2 each), k and v (hk
+        each), the MLP (2hw, or 3hw gated), two norms; biases as `bias` says (q, k, v: h + 2k; proj: h;
+        the MLP's input layers: w, or 2w gated; its output: h). GPT (k = h, w = rh, all biases, layer
+        norms): qkv 3h^2+3h, proj h^2+h, fc rh^2+rh, out rh^2+h, norms 4h. Over t ranks the weight
+        matrices and the column-split layers' biases (q, k, v and the MLP's input) are split; the norms
+        and the row-split layers' biases (proj, the MLP's output) are not."""
+        h, k, w = self.d_model, self.kv_dim, self.width
+        ins = 3 if self.mlp == "swiglu" else 2  # weight matrices of the MLP (gate, up, down or fc, out)
+        split = 2 * h * h + 2 * h * k + ins * h * w
+        whole = 2 * self.norm_params
+        if self.bias in ("all", "qkv"):
+            split += h + 2 * k
+        if self.bias == "all":
+            split += (ins - 1) * w
+            whole += 2 * h
+        return split // self.check_tp(tp) + whole
 
     def head_params(self, tp: int = 1) -> int:
-        """Final norm (2h, whole) and, unless tied, the V*h projection (vocabulary-parallel)."""
-        return 2 * self.d_model + (0 if self.tied_embeddings else self.vocab_rows(tp) * self.d_model)
+        """Final norm (whole) and, unless tied, the V*h projection (vocabulary-parallel)."""
+        return self.norm_params + (0 if self.tied_embeddings else self.vocab_rows(tp) * self.d_model)
 
     def n_params(self) -> int:
         """Every distinct parameter once (a tied table counts once)."""
@@ -124,17 +208,24 @@ class ModelShape:
         Selective recomputation removes the s^2 terms from either: sbh(10 + 24/t), or 34sbh/t with
         sequence parallelism. Full recomputation keeps the block input, e sbh (the paper's 2sbh); with
         sequence parallelism that input is the rank's sequence shard, e sbh/t.
+
+        Other shapes, term by term as above (k the key/value width, w the MLP width): Q and the proj input
+        are e sbh each and K, V e sbk each; the MLP keeps MLP_KEPT[mlp] tensors of e sbw (2 for the GeLU
+        above); an RMSNorm also keeps its normalised input (e sbh per norm, whole like the norm's input).
+        Llama with w = 2h, k = h: 18 e sbh per block, as counted with saved-tensor hooks on transformers'
+        LlamaDecoderLayer (tests/test_estimate_hf.py).
         """
         if recompute not in RECOMPUTE_KINDS:
             raise ValueError(f"recompute={recompute!r}: use one of {RECOMPUTE_KINDS}")
         t = self.check_tp(tp)
         shard = t if sequence_parallel else 1  # the divisor of what tensor parallelism leaves whole
-        s, b, h, a, r, e = self.seq_len, micro_batch, self.d_model, self.n_head, self.mlp_ratio, act_bytes
+        s, b, h, a, e = self.seq_len, micro_batch, self.d_model, self.n_head, act_bytes
         sbh, as2b = s * b * h, a * s * s * b
         if recompute == "full":
             return e * sbh // shard
-        whole = 4 * e * sbh + (2 * sbh if self.dropout else 0)  # norm inputs, qkv and fc inputs, residual masks
-        split = (4 + 2 * r) * e * sbh  # Q, K, V, proj input, GeLU input and output
+        rms = 2 * e * sbh if self.norm == "rms" else 0  # the normalised inputs of RMSNorms written in Python
+        whole = 4 * e * sbh + rms + (2 * sbh if self.dropout else 0)  # norm inputs, qkv and fc inputs, masks
+        split = e * s * b * (2 * h + 2 * self.kv_dim + MLP_KEPT[self.mlp] * self.width)  # Q, K, V, proj in, MLP
         if self.attention == "eager" and recompute == "none":
             split += e * as2b  # softmax output
             if self.dropout:
@@ -154,11 +245,11 @@ class ModelShape:
     def backward_working_bytes(self, micro_batch: int, act_bytes: int, tp: int = 1,
                                sequence_parallel: bool = False) -> int:
         """Gradients in flight while backward goes through one block, beyond the activations it frees:
-        the MLP hidden layer's (r sbh, split over tp) and the block's input and output gradients (2 sbh,
-        sequence shards with sequence parallelism), e bytes each. Measured with ringzero.memory on
-        ringzero's GPT block (tp=1): 5 to 6 sbh elements for r = 4."""
-        sbh_e = self.seq_len * micro_batch * self.d_model * act_bytes
-        return self.mlp_ratio * sbh_e // self.check_tp(tp) + 2 * sbh_e // (tp if sequence_parallel else 1)
+        the MLP hidden layer's (sbw for width w = rh, split over tp) and the block's input and output
+        gradients (2 sbh, sequence shards with sequence parallelism), e bytes each. Measured with
+        ringzero.memory on ringzero's GPT block (tp=1): 5 to 6 sbh elements for r = 4."""
+        sb_e = self.seq_len * micro_batch * act_bytes
+        return self.width * sb_e // self.check_tp(tp) + 2 * self.d_model * sb_e // (tp if sequence_parallel else 1)
 
     def embedding_activation_bytes(self, micro_batch: int, tp: int = 1, sequence_parallel: bool = False) -> int:
         """Token ids (int64) the embedding keeps, plus the paper's 1-byte embedding-dropout mask (a
@@ -168,18 +259,24 @@ class ModelShape:
 
     def head_activation_bytes(self, micro_batch: int, act_bytes: int, tp: int = 1,
                               sequence_parallel: bool = False) -> int:
-        """Final-norm input and projection input (e sbh each; sequence shards with sequence parallelism)
-        and the float32 log-softmax of the logits kept by cross-entropy (4sbV, as the paper counts it;
-        vocabulary-parallel: 4sbV/t)."""
+        """Final-norm input and projection input (e sbh each, and an RMSNorm's normalised input; sequence
+        shards with sequence parallelism) and the float32 log-softmax of the logits kept by cross-entropy
+        (4sbV, as the paper counts it; vocabulary-parallel: 4sbV/t)."""
         sb = self.seq_len * micro_batch
-        return (2 * act_bytes * sb * self.d_model // (tp if sequence_parallel else 1)
+        kept = 3 if self.norm == "rms" else 2
+        return (kept * act_bytes * sb * self.d_model // (tp if sequence_parallel else 1)
                 + 4 * sb * self.vocab_rows(tp))
 
     def describe(self) -> str:
         tied = ", tied embeddings" if self.tied_embeddings else ""
-        return (f"{self.n_layer} layers, hidden {self.d_model}, {self.n_head} heads, vocab {self.vocab_size}, "
-                f"seq {self.seq_len}, mlp x{self.mlp_ratio}{tied}, attention {self.attention}, "
-                f"dropout {'on' if self.dropout else 'off'}")
+        kv = f" ({self.kv} key/value)" if self.kv != self.n_head else ""
+        mlp = f"mlp x{self.mlp_ratio}" if self.mlp_width is None else f"mlp {self.mlp_width}"
+        mlp += "" if self.mlp == "gelu" else f" {self.mlp}"
+        rest = "".join(f", {k} {v}" for k, v, default in (("norm", self.norm, "layer"), ("positions", self.positions,
+                       "learned"), ("biases", self.bias, "all")) if v != default)
+        return (f"{self.n_layer} layers, hidden {self.d_model}, {self.n_head} heads{kv}, vocab {self.vocab_size}, "
+                f"seq {self.seq_len}, {mlp}{tied}, attention {self.attention}, "
+                f"dropout {'on' if self.dropout else 'off'}{rest}")
 
 
 def split_layers(n_layer: int, stages: int) -> list[int]:

@@ -221,14 +221,10 @@ class HFFamily(ModelFamily):
                              f"tp={tp} yet; resume at --tp {saved['tp']}")
 
     def estimate_model(self):
-        """The parameter count (the estimator's shapes are the byte GPT's: no activations for this model)."""
-        from ..models.hf import build_hf_model
+        """The estimator's shape of this transformers model (estimate.ModelShape.from_hf_config)."""
+        from ..estimate import ModelShape
 
-        with torch.device("meta"):
-            model = build_hf_model(self.family, **self.kwargs)
-        return (sum(p.numel() for p in model.parameters()),
-                f"{self.name}: the estimator counts parameters, gradients and optimizer state only (its activation "
-                "model is the byte GPT's)")
+        return ModelShape.from_hf_config(self.config, self.kwargs["seq"]), None
 
 
 def check_model_name(name: str) -> str:
