@@ -63,6 +63,9 @@ def expected_shard(name: str, full: torch.Tensor, tp: int, r: int) -> torch.Tens
     """The part of the full model's tensor `name` that tensor rank r of tp holds."""
     if name.endswith(("qkv.weight", "qkv.bias")):  # [q | k | v], each split by heads
         return torch.cat([z.chunk(tp, dim=0)[r] for z in full.chunk(3, dim=0)])
+    if name.startswith("gqa."):  # grouped-query [q | k | v]: q of 24 rows, k and v of 12, each split by heads
+        q, k, v = full[:24], full[24:36], full[36:]
+        return torch.cat([q.chunk(tp, dim=0)[r], k.chunk(tp, dim=0)[r], v.chunk(tp, dim=0)[r]])
     if name.endswith(("fc.weight", "fc.bias", "lm.weight", "tok.weight")):
         return full.chunk(tp, dim=0)[r]
     if name.endswith(("proj.weight", "out.weight")):
@@ -139,6 +142,7 @@ def layers_initialise_as_sliced_full_layers(group) -> int:
     from ringzero.parallel import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
     tp, r = dist.get_world_size(group), dist.get_rank(group)
     cases = [(ColumnParallelLinear, (8, 36), dict(chunks=3), "qkv.weight", "qkv.bias"),
+             (ColumnParallelLinear, (8, 48), dict(chunks=(24, 12, 12)), "gqa.weight", "gqa.bias"),
              (ColumnParallelLinear, (8, 12), {}, "fc.weight", "fc.bias"),
              (RowParallelLinear, (12, 8), {}, "out.weight", "out.bias"),
              (VocabParallelEmbedding, (12, 8), {}, "tok.weight", None)]
@@ -240,6 +244,7 @@ def bad_arguments(rank, world):
         (lambda: tensor_parallel_gpt(nn.Linear(2, 2), None), TypeError, "model"),
         (lambda: ColumnParallelLinear(4, 7), ValueError, "out_features=7"),
         (lambda: ColumnParallelLinear(4, 9, chunks=3), ValueError, "chunks=3"),
+        (lambda: ColumnParallelLinear(4, 9, chunks=(4, 2, 2)), ValueError, "must add up to out_features=9"),
         (lambda: RowParallelLinear(7, 4), ValueError, "in_features=7"),
         (lambda: VocabParallelEmbedding(7, 4), ValueError, "num_embeddings=7"),
         (lambda: vocab_parallel_cross_entropy(torch.zeros(3, 4), torch.zeros(2, dtype=torch.long)), ValueError, "targets"),
@@ -256,4 +261,4 @@ def bad_arguments(rank, world):
 
 
 def test_bad_arguments_raise_clear_errors():
-    assert run_ranks(2, bad_arguments) == [13, 13]
+    assert run_ranks(2, bad_arguments) == [14, 14]

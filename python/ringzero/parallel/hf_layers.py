@@ -37,7 +37,7 @@ class ParallelAttention(nn.Module):
     (B, T / tp, d) with sequence parallelism.
 
     qkv: one ColumnParallelLinear whose rank-r shard is [q heads of r | k heads of r | v heads of r]
-    (parallelize.arrange_qkv); out: the RowParallelLinear output projection. rotary: the model's rotary
+    (its chunks: the three blocks, cut by heads); out: the RowParallelLinear output projection. rotary: the model's rotary
     module, or None; held outside the module tree (the model owns it). forward takes the keywords a
     decoder layer passes (position_embeddings, attention_mask, ...) and returns (output, None) like
     transformers' attention modules. attention_mask: None (causal) or the 4-D mask transformers built

@@ -36,13 +36,6 @@ def linear_weight(module: nn.Module, conv1d: bool) -> tuple[torch.Tensor, torch.
     return (weight.t() if conv1d else weight), (None if module.bias is None else module.bias.detach())
 
 
-def arrange_qkv(parts: list[torch.Tensor], tp: int) -> torch.Tensor:
-    """[q | k | v] (each (heads * hd, ...) along dim 0) reordered so that its r-th of tp equal blocks
-    along dim 0 is [q heads of r | k heads of r | v heads of r]: the layout ParallelAttention's qkv holds.
-    q and k/v may differ in size (grouped-query attention); tp must divide each."""
-    return torch.cat([torch.cat([p.chunk(tp, dim=0)[r] for p in parts]) for r in range(tp)])
-
-
 def _fused_qkv(attention: nn.Module, plan: HFPlan, heads: int, kv_heads: int, head_dim: int, group, sp: bool):
     """One ColumnParallelLinear holding this rank's q, k and v heads, loaded from the plan's projections."""
     projections = [find_module(attention, n, plan, "qkv") for n in plan.qkv]
@@ -55,16 +48,13 @@ def _fused_qkv(attention: nn.Module, plan: HFPlan, heads: int, kv_heads: int, he
         raise ValueError(f"plan {plan.name!r}: {plan.qkv} mix projections with and without bias")
     has_bias = weights[0][1] is not None
     d = weights[0][0].shape[1]
-    out = (heads + 2 * kv_heads) * head_dim
-    if heads == kv_heads:  # three equal blocks: chunks=3 says so to tensor_state (checkpoints re-cut it for any tp)
-        qkv = ColumnParallelLinear(d, out, group, bias=has_bias, chunks=3, sequence_parallel=sp)
-        qkv.load_full_(torch.cat([w for w, _ in weights]), torch.cat([b for _, b in weights]) if has_bias else None)
-        return qkv
-    # Grouped-query: unequal blocks, arranged per rank here (tensor_state sees one block: re-cutting a
-    # checkpoint for another tp is not supported yet).
-    qkv = ColumnParallelLinear(d, out, group, bias=has_bias, sequence_parallel=sp)
-    qkv.load_full_(arrange_qkv([w for w, _ in weights], qkv.tp),
-                   arrange_qkv([b for _, b in weights], qkv.tp) if has_bias else None)
+    # Three blocks, [q | k | v], each cut by heads: rank r holds [q heads of r | k heads of r | v heads of r].
+    # Grouped-query attention's q is larger than k and v, so the blocks are given by their sizes; either
+    # way tensor_state knows the cut, and checkpoints re-cut it for any tp.
+    sizes = [heads * head_dim, kv_heads * head_dim, kv_heads * head_dim]
+    qkv = ColumnParallelLinear(d, sum(sizes), group, bias=has_bias, chunks=3 if heads == kv_heads else tuple(sizes),
+                               sequence_parallel=sp)
+    qkv.load_full_(torch.cat([w for w, _ in weights]), torch.cat([b for _, b in weights]) if has_bias else None)
     return qkv
 
 
@@ -188,4 +178,4 @@ def parallelize(model: nn.Module, mesh: Mesh, plan="llama", sequence_parallel: b
     return model
 
 
-__all__ = ["parallelize", "ParallelInfo", "arrange_qkv"]
+__all__ = ["parallelize", "ParallelInfo"]

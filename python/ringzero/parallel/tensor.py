@@ -169,12 +169,27 @@ class _SequenceGatheredLinear(torch.autograd.Function):
         return grad_input, grad_weight, grad_bias, None, None
 
 
-def shard_rows(full: torch.Tensor, parts: int, index: int, chunks: int = 1) -> torch.Tensor:
-    """Shard `index` of `parts` of `full` along dim 0. With chunks > 1 dim 0 is `chunks` blocks laid
-    end to end (the [q | k | v] of a fused projection), each split on its own: shard i is the i-th slice
-    of every block, concatenated. A view when chunks == 1."""
+def shard_rows(full: torch.Tensor, parts: int, index: int, chunks=1) -> torch.Tensor:
+    """Shard `index` of `parts` of `full` along dim 0. With chunks > 1 dim 0 is `chunks` equal blocks
+    laid end to end (the [q | k | v] of a fused projection), each split on its own: shard i is the i-th
+    slice of every block, concatenated. chunks may also be the blocks' sizes (a tuple or list: [q | k | v]
+    with grouped-query attention, q larger than k and v). A view when there is one block."""
+    if isinstance(chunks, (tuple, list)):
+        return torch.cat([block.chunk(parts)[index] for block in full.split(list(chunks))])
     blocks = full.reshape(chunks, parts, full.shape[0] // (chunks * parts), *full.shape[1:])
     return blocks[:, index].reshape(-1, *full.shape[1:]) if chunks > 1 else blocks[0, index]
+
+
+def check_chunks(out_features: int, chunks, tp: int, who: str):
+    """ValueError unless `chunks` (a count of equal blocks, or the blocks' sizes) cuts out_features into
+    blocks that tp divides."""
+    if isinstance(chunks, (tuple, list)):
+        if sum(chunks) != out_features or any(c % tp for c in chunks):
+            raise ValueError(f"{who}: chunks={tuple(chunks)} must add up to out_features={out_features} and each be "
+                             f"divisible by the tensor-parallel size {tp}")
+        return
+    check_divides(out_features, chunks * tp, "out_features", who,
+                  f"chunks={chunks} times the tensor-parallel size {tp}")
 
 
 class ColumnParallelLinear(nn.Module):
@@ -186,18 +201,19 @@ class ColumnParallelLinear(nn.Module):
     copy: _SequenceGatheredLinear).
 
     chunks: out_features is that many blocks end to end (3 for a fused [q | k | v]), each sharded alone,
-    so that every rank holds whole heads of each. Requires out_features % (chunks * tp) == 0.
+    so that every rank holds whole heads of each. Requires out_features % (chunks * tp) == 0. Blocks of
+    different sizes are given by their sizes (a tuple), each divisible by tp.
     Initialisation: a full nn.Linear drawn from the current RNG, sliced; all ranks of the group must be
     seeded alike. load_full_ copies the slice of existing full weights. All ranks of `group` construct
     and call it.
     """
 
-    def __init__(self, in_features: int, out_features: int, group=None, bias: bool = True, chunks: int = 1,
+    def __init__(self, in_features: int, out_features: int, group=None, bias: bool = True, chunks=1,
                  sequence_parallel: bool = False, seq_dim: int = 1):
         super().__init__()
         self.group, self.tp, self.rank = group, group_size(group), group_rank(group)
-        check_divides(out_features, chunks * self.tp, "out_features", "ColumnParallelLinear",
-                      f"chunks={chunks} times the tensor-parallel size {self.tp}")
+        chunks = tuple(chunks) if isinstance(chunks, (tuple, list)) else chunks
+        check_chunks(out_features, chunks, self.tp, "ColumnParallelLinear")
         self.in_features, self.out_features, self.chunks = in_features, out_features, chunks
         self.sequence_parallel, self.seq_dim = bool(sequence_parallel), seq_dim
         local = out_features // self.tp

@@ -19,7 +19,8 @@ _SHARDED_LAYERS = (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbeddi
 
 def shard_specs(module: nn.Module) -> dict[str, tuple[int, int]]:
     """{parameter name: (dim, chunks)} for every parameter that the tensor-parallel group splits: rank
-    t of tp holds shard_of(full, dim, chunks, tp, t). The others are replicated whole on every rank."""
+    t of tp holds shard_of(full, dim, chunks, tp, t) (chunks: a count of equal blocks, or their sizes
+    along dim). The others are replicated whole on every rank."""
     specs = {}
     for m_name, m in module.named_modules():
         prefix = f"{m_name}." if m_name else ""
@@ -56,8 +57,13 @@ def shard_of(full: torch.Tensor, dim: int, chunks: int, tp: int, index: int) -> 
     return shard_rows(full.transpose(0, dim), tp, index, chunks).transpose(0, dim)
 
 
-def unshard(shards: list[torch.Tensor], dim: int, chunks: int) -> torch.Tensor:
-    """The full tensor whose shard_of(., dim, chunks, len(shards), t) is shards[t]."""
+def unshard(shards: list[torch.Tensor], dim: int, chunks) -> torch.Tensor:
+    """The full tensor whose shard_of(., dim, chunks, len(shards), t) is shards[t] (chunks: a count of
+    equal blocks, or the blocks' sizes)."""
+    if isinstance(chunks, (tuple, list)):
+        local = [c // len(shards) for c in chunks]
+        pieces = [s.split(local, dim) for s in shards]
+        return torch.cat([p[c] for c in range(len(chunks)) for p in pieces], dim)
     pieces = [s.chunk(chunks, dim) for s in shards]
     return torch.cat([p[c] for c in range(chunks) for p in pieces], dim)
 

@@ -130,8 +130,7 @@ class HFFamily(ModelFamily):
 
     block = None  # set in __init__: parallel.hf_pipeline.HFDecoderLayer (needs transformers' import to have worked)
     checkpoint_note = ("an hf model's checkpoint loads into runs of the same form: tp and tp+zero1 (q, k and v fused "
-                       "by parallelize; any --tp when --kv-heads equals --heads), or ddp and zero1-3 (the "
-                       "transformers projections)")
+                       "by parallelize; at any --tp), or ddp and zero1-3 (the transformers projections)")
 
     def __init__(self, args):
         from ..models.hf import hf_config  # ImportError naming `pip install ringzero[hf]` without transformers
@@ -209,16 +208,6 @@ class HFFamily(ModelFamily):
         from ..parallel.hf_pipeline import tied_embedding_sync
 
         return tied_embedding_sync(model, stages, plan=self.family)
-
-    def check_resume(self, saved, tp: int):
-        """Also refused: another tp with grouped-query attention (parallelize arranges the fused q, k, v per
-        tensor rank, and the checkpoint cannot re-cut that arrangement yet: docs/parallelize.md)."""
-        super().check_resume(saved, tp)
-        heads, kv_heads = self.kwargs["heads"], self.kwargs["kv_heads"] or self.kwargs["heads"]
-        if saved and saved.get("tp", tp) != tp and kv_heads != heads:
-            raise ValueError(f"--resume: the checkpoint was saved at tp={saved['tp']} with grouped-query attention "
-                             f"(--kv-heads {kv_heads} < --heads {heads}), whose fused q, k, v cannot be re-cut for "
-                             f"tp={tp} yet; resume at --tp {saved['tp']}")
 
     def estimate_model(self):
         """The estimator's shape of this transformers model (estimate.ModelShape.from_hf_config)."""
