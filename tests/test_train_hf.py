@@ -14,14 +14,15 @@ machine (2026-11-27): at most 1.8e-7 (pytest -s prints each gap).
 - 4 ranks, hf:llama: 3d (tp 2 x pp 2) with and without --recompute full, pp+zero2 with --pp 2.
 - checkpoints, hf:llama with kv_heads 4 (= heads) and 2 (grouped-query): saved by tp (tp = 2) after 3
   steps, resumed at tp = 1 (2 replicas) and as tp+zero1 at tp = 1: the resumed steps' losses against the
-  uninterrupted tp = 2 run, rel and abs 1e-5 (test_train_tp.py's bound for the byte GPT). A tp checkpoint
-  resumed by ddp is refused and the message names the runs that can load it.
+  uninterrupted tp = 2 run, rel and abs 1e-5 (test_train_tp.py's bound for the byte GPT). Both models: a
+  tp checkpoint resumed by ddp and zero1, a ddp checkpoint resumed by tp = 2, against the uninterrupted runs.
 - refusals before any rank starts: an unknown --model, an hf model without transformers (the message
   names `pip install ringzero[hf]`), --recompute selective, a tied embedding across stages under ZeRO.
 """
 import sys
 
 import pytest
+import torch
 import torch.distributed as dist
 
 from harness import run_ranks
@@ -120,26 +121,33 @@ def test_llama_checkpoint_saved_at_tp2_resumes_at_tp1(tmp_path, kv_heads):
             assert loss == pytest.approx(want[s], **RESUME_TOL), (name, s)
 
 
-def resume_errors(rank, world, ckpt):
-    """Saves hf:llama at tp = 2, then resumes it as ddp (the transformers projections, not the fused form)."""
-    from ringzero.trainer import train_rank
-
-    gqa = [*COMMON, *MODELS["hf:llama"], "--nproc", str(world), "--checkpoint-dir", ckpt]
-    train_rank(train.parse_args([*gqa, "--strategy", "tp", "--steps", "3", "--save-every", "3"]), "tp")
-    errors = []
-    try:
-        train_rank(train.parse_args([*gqa, "--strategy", "ddp", "--resume"]), "ddp")
-    except ValueError as e:
-        errors.append(str(e))
-    dist.barrier()
-    return errors
-
-
 @needs_hf
-def test_checkpoints_that_cannot_resume_are_refused(tmp_path):
-    errors = run_ranks(2, resume_errors, str(tmp_path / "ckpt"), timeout_s=300)[0]
-    assert len(errors) == 1, errors
-    assert "has no parameter" in errors[0] and "tp and tp+zero1" in errors[0]
+@pytest.mark.parametrize("model", MODELS)
+def test_checkpoints_load_across_the_fused_and_the_transformers_form(tmp_path, model):
+    """A tp checkpoint (q|k|v and gate|up fused, output projections renamed; GPT-2's Conv1D transposed)
+    resumed by ddp and zero1 at 2 replicas, and a ddp checkpoint resumed by tp at tp = 2: the resumed
+    steps' losses against the uninterrupted run of the same form."""
+    flags = [*COMMON, *MODELS[model], "--steps", "6"]
+    tp_ckpt, ddp_ckpt = str(tmp_path / "tp"), str(tmp_path / "ddp")
+    cases = [("tp full", flags, "tp"), ("ddp full", flags, "ddp"),
+             ("tp save", [*flags, "--steps", "3", "--checkpoint-dir", tp_ckpt, "--save-every", "3"], "tp"),
+             ("ddp save", [*flags, "--steps", "3", "--checkpoint-dir", ddp_ckpt, "--save-every", "3"], "ddp"),
+             ("ddp from tp", [*flags, "--checkpoint-dir", tp_ckpt, "--resume"], "ddp"),
+             ("zero1 from tp", [*flags, "--checkpoint-dir", tp_ckpt, "--resume"], "zero1"),
+             ("tp from ddp", [*flags, "--checkpoint-dir", ddp_ckpt, "--resume"], "tp")]
+    by = run_ranks(2, train_cases, cases, timeout_s=300)[0]
+    for name, reference in (("ddp from tp", "tp full"), ("zero1 from tp", "tp full"), ("tp from ddp", "ddp full")):
+        r, want = by[name], dict(by[reference]["train_losses"])
+        assert r["start_step"] == 3 and [s for s, _ in r["train_losses"]] == [3, 4, 5], name
+        print(f"{model} {name}: max loss difference {max(abs(l - want[s]) for s, l in r['train_losses']):.1e}")
+        for s, loss in r["train_losses"]:
+            assert loss == pytest.approx(want[s], **RESUME_TOL), (name, s)
+    # Consolidated offline, the tp checkpoint has the transformers form's names (the parts), as ddp's has.
+    from ringzero.checkpoint import consolidate
+    fused, plain = consolidate(tp_ckpt), consolidate(ddp_ckpt)
+    assert sorted(fused) == sorted(plain) and not any(".qkv." in n or ".up_in." in n for n in fused)
+    for n in plain:
+        torch.testing.assert_close(fused[n], plain[n], rtol=1e-4, atol=1e-5, msg=n)
 
 
 def refused(capsys, argv) -> str:

@@ -35,7 +35,8 @@ import torch.nn as nn
 from . import comm
 from .parallel.ddp import DistributedDataParallel
 from .parallel.flat import FlatLayout
-from .parallel.tensor_state import shard_of, shard_specs, tensor_parallel_group, unshard
+from .parallel.tensor_state import (fused_sources, join_parts, part_of, shard_of, shard_specs, tensor_parallel_group,
+                                    unshard)
 from .parallel.zero import ZeroDataParallel
 
 FORMAT = 1
@@ -141,6 +142,9 @@ def save(path, model, optimizer=None, step: int = 0, extra=None) -> Path:
                     "files": [_file_name(t, r, tp) for t in range(tp) for r in range(world)]}
         if tp > 1:
             manifest["tensor_parallel"] = {"tp": tp, "shards": {n: list(spec) for n, spec in specs.items()}}
+        fused = fused_sources(_wrapped(model))
+        if fused:
+            manifest["fused"] = fused
         _fsync_write(tmp / (MANIFEST + ".tmp"), lambda f: f.write(json.dumps(manifest, indent=1).encode()))
         os.replace(tmp / (MANIFEST + ".tmp"), tmp / MANIFEST)
         if final.exists():  # saving the same step again: the new one replaces it
@@ -198,6 +202,14 @@ class _Reader:
         for i, g in enumerate(self.manifest["groups"]):
             for p in g["layout"]["params"]:
                 self.where.setdefault((p["name"], g.get("tp_rank", 0)), (i, p["offset"], p["shape"]))
+        # [Note: fused parameters in checkpoints] parallelize fuses a transformers layer's q, k, v (and gate,
+        # up) into one parameter and renames the output projections; "fused" maps each such name to the
+        # unfused model's names for it (tensor_state.fused_sources). A name this checkpoint lacks is made
+        # from what it has: a part is cut out of the saved fused parameter, and a fused parameter of the
+        # loading model (its own map, `target`) is joined from the saved parts. So a tp checkpoint loads
+        # into ddp or ZeRO and the other way round; optimizer states follow the same cut, element by element.
+        self.fused = self.manifest.get("fused", {})
+        self.part = {p: (name, i) for name, e in self.fused.items() for i, p in enumerate(e["parts"])}
 
     def _group_files(self, i: int) -> tuple[list, int]:
         """(the files holding old group i's shards in data-parallel order, its key in them)."""
@@ -227,8 +239,29 @@ class _Reader:
         i, offset, shape = self.locate(name, tp_rank)
         return self.read(i, key, offset, offset + math.prod(shape)).view(shape)
 
-    def full(self, name: str, key: str = "values") -> torch.Tensor:
-        """The whole parameter `name` of the unsplit model (its shards joined when tensor-parallel)."""
+    def saved(self, name: str) -> bool:
+        """Whether the checkpoint holds `name` under that name."""
+        return (name, 0) in self.where
+
+    def saved_name(self, name: str, fused: dict | None = None) -> str:
+        """A name the checkpoint holds that `name` is read from ([Note: fused parameters in checkpoints])."""
+        if not self.saved(name) and name in self.part:
+            return self.part[name][0]
+        if not self.saved(name) and fused and name in fused:
+            return fused[name]["parts"][0]
+        return name
+
+    def full(self, name: str, key: str = "values", fused: dict | None = None) -> torch.Tensor:
+        """The whole parameter `name` of the unsplit model (its shards joined when tensor-parallel; made
+        from fused or unfused parameters when the checkpoint has the other form, `fused` being the loading
+        model's map: [Note: fused parameters in checkpoints])."""
+        if not self.saved(name) and name in self.part:
+            whole, i = self.part[name]
+            e = self.fused[whole]
+            return part_of(self.full(whole, key), e["sizes"], i, e["transposed"])
+        if not self.saved(name) and fused and name in fused:
+            e = fused[name]
+            return join_parts([self.full(p, key) for p in e["parts"]], e["transposed"])
         if name not in self.specs:
             return self._saved(name, key, 0)
         dim, chunks = self.specs[name]
@@ -251,18 +284,20 @@ class _Reader:
                     other[name] = v
         return flat, other
 
-    def fill(self, layout: FlatLayout, start: int, count: int, key: str, out: torch.Tensor, target=(1, 0, {})):
+    def fill(self, layout: FlatLayout, start: int, count: int, key: str, out: torch.Tensor, target=(1, 0, {}, {})):
         """Writes elements [start, start + count) of the new flat group `layout` (key of each old
         group holding its parameters) into out; padding stays as it is. target: (tp, tensor rank,
-        shard_specs) of the new model; a parameter split in the checkpoint or in the new model is
-        joined and cut again ([Note: tensor-parallel checkpoints])."""
-        tp, tp_rank, specs = target
+        shard_specs, fused_sources) of the new model; a parameter split in the checkpoint or in the new
+        model is joined and cut again ([Note: tensor-parallel checkpoints]), one fused in one of them and
+        not in the other is made from the other's ([Note: fused parameters in checkpoints])."""
+        tp, tp_rank, specs, fused = target
         for slot in layout.slots:
             a, b = max(start, slot.offset), min(start + count, slot.offset + slot.numel)
             if a >= b:
                 continue
-            if slot.name in self.specs or slot.name in specs:
-                piece = self.full(slot.name, key)
+            renamed = not self.saved(slot.name) and (slot.name in self.part or slot.name in fused)
+            if slot.name in self.specs or slot.name in specs or renamed:
+                piece = self.full(slot.name, key, fused)
                 if slot.name in specs:
                     piece = shard_of(piece, *specs[slot.name], tp, tp_rank)
                 shape, flat = list(piece.shape), piece.reshape(-1)[a - slot.offset: b - slot.offset]
@@ -285,7 +320,8 @@ def load(path, model, optimizer=None) -> dict:
     ckpt = latest(path)
     reader = _Reader(ckpt)
     _, tp, tp_rank = tensor_parallel_group(_wrapped(model))
-    target = (tp, tp_rank, shard_specs(_wrapped(model)))
+    fused = fused_sources(_wrapped(model))
+    target = (tp, tp_rank, shard_specs(_wrapped(model)), fused)
     for layout, values, opt_param, sharded in _entries(model):
         start, count = (layout.shard_start, layout.shard_numel) if sharded else (0, layout.numel)
         with torch.no_grad():
@@ -294,7 +330,7 @@ def load(path, model, optimizer=None) -> dict:
             values.copy_(buf)
         if optimizer is None or not layout.slots:
             continue
-        flat_keys, other = reader.state_keys(reader.locate(layout.slots[0].name)[0])
+        flat_keys, other = reader.state_keys(reader.locate(reader.saved_name(layout.slots[0].name, fused))[0])
         state = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in other.items()}
         for key in flat_keys:
             buf = torch.zeros(count, dtype=torch.float32)
@@ -333,8 +369,9 @@ def consolidate(path) -> dict[str, torch.Tensor]:
     reader = _Reader(latest(path))
     out = {}
     for name, _ in reader.where:
-        if name not in out:
-            out[name] = reader.full(name).clone()
+        for part in reader.fused.get(name, {}).get("parts", [name]):  # the unfused model's names
+            if part not in out:
+                out[part] = reader.full(part).clone()
     for name, b in reader.first["buffers"].items():
         out[name] = b.clone()
     return out

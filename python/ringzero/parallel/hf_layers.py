@@ -44,6 +44,9 @@ class ParallelAttention(nn.Module):
     for 'sdpa' (bool, True = attend) or 'eager' (additive float) over the whole sequence.
     """
 
+    sources: dict = {}
+    """What each parameter was made from (tensor_state.fused_sources), set by parallelize."""
+
     def __init__(self, qkv: ColumnParallelLinear, out: RowParallelLinear, heads: int, kv_heads: int, head_dim: int,
                  scaling: float, rotary: nn.Module | None):
         super().__init__()
@@ -81,6 +84,9 @@ class ParallelMLP(nn.Module):
     """down(act(gate(x)) * up(x)) (gated) or down(act(fc(x))) (plain) with this rank's intermediate
     columns: `up_in` is one ColumnParallelLinear (for a gated MLP chunks=2: [gate | up] of this rank),
     `down` the RowParallelLinear. Shapes as ParallelAttention's."""
+
+    sources: dict = {}
+    """What each parameter was made from (tensor_state.fused_sources), set by parallelize."""
 
     def __init__(self, up_in: ColumnParallelLinear, down: RowParallelLinear, act: nn.Module, gated: bool):
         super().__init__()

@@ -65,12 +65,25 @@ def _row_parallel(module: nn.Module, plan: HFPlan, group, sp: bool) -> RowParall
     return layer
 
 
+def _sources(ours: str, theirs: tuple, sizes, plan: HFPlan, has_bias: bool) -> dict:
+    """tensor_state.fused_sources' entries of one parallel layer `ours` made from the transformers layers
+    `theirs` (rows `sizes` of ours each, None: one layer, whole)."""
+    out = {f"{ours}.weight": {"parts": [f"{n}.weight" for n in theirs], "sizes": sizes, "transposed": plan.conv1d}}
+    if has_bias:
+        out[f"{ours}.bias"] = {"parts": [f"{n}.bias" for n in theirs], "sizes": sizes, "transposed": False}
+    return out
+
+
 def _parallel_attention(attention, plan, config, group, sp, rotary) -> ParallelAttention:
     heads, kv_heads, head_dim = attention_shape(config, plan)
     qkv = _fused_qkv(attention, plan, heads, kv_heads, head_dim, group, sp)
     out = _row_parallel(find_module(attention, plan.attention_out, plan, "attention_out"), plan, group, sp)
     scaling = getattr(attention, "scaling", head_dim ** -0.5)
-    return ParallelAttention(qkv, out, heads, kv_heads, head_dim, scaling, rotary)
+    layer = ParallelAttention(qkv, out, heads, kv_heads, head_dim, scaling, rotary)
+    sizes = [heads * head_dim, kv_heads * head_dim, kv_heads * head_dim] if len(plan.qkv) == 3 else None
+    layer.sources = {**_sources("qkv", plan.qkv, sizes, plan, qkv.bias is not None),
+                     **_sources("out", (plan.attention_out,), None, plan, out.bias is not None)}
+    return layer
 
 
 def _parallel_mlp(mlp: nn.Module, plan: HFPlan, group, sp: bool) -> ParallelMLP:
@@ -80,7 +93,10 @@ def _parallel_mlp(mlp: nn.Module, plan: HFPlan, group, sp: bool) -> ParallelMLP:
     up_in = ColumnParallelLinear(d, width * len(ins), group, bias=has_bias, chunks=len(ins), sequence_parallel=sp)
     up_in.load_full_(torch.cat([w for w, _ in ins]), torch.cat([b for _, b in ins]) if has_bias else None)
     down = _row_parallel(find_module(mlp, plan.mlp_out, plan, "mlp_out"), plan, group, sp)
-    return ParallelMLP(up_in, down, find_module(mlp, plan.activation, plan, "activation"), gated=len(ins) == 2)
+    layer = ParallelMLP(up_in, down, find_module(mlp, plan.activation, plan, "activation"), gated=len(ins) == 2)
+    layer.sources = {**_sources("up_in", plan.mlp_in, [width] * len(ins) if len(ins) > 1 else None, plan, has_bias),
+                     **_sources("down", (plan.mlp_out,), None, plan, down.bias is not None)}
+    return layer
 
 
 def _set_submodule(root: nn.Module, path: str, module: nn.Module) -> None:

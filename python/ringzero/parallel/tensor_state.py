@@ -35,6 +35,33 @@ def shard_specs(module: nn.Module) -> dict[str, tuple[int, int]]:
     return specs
 
 
+def fused_sources(module: nn.Module) -> dict[str, dict]:
+    """{parameter name: {"parts", "sizes", "transposed"}} for every parameter of `module` that stands for
+    other modules' parameters in the model it was made from: parallelize's fused q|k|v and gate|up, and
+    its renamed output projections. "parts" are the names the unfused model has for them (same module
+    path), "sizes" the rows of the full parameter each part takes (None: one part, all of it), and
+    "transposed" whether the parts are stored (in, out) (GPT-2's Conv1D) where ours is (out, in). Read by
+    checkpoint.py, so that a checkpoint of either form loads into the other."""
+    out = {}
+    for m_name, m in module.named_modules():
+        prefix = f"{m_name}." if m_name else ""
+        for local, entry in getattr(m, "sources", {}).items():
+            out[prefix + local] = {"parts": [prefix + p for p in entry["parts"]], "sizes": entry["sizes"],
+                                   "transposed": entry["transposed"]}
+    return out
+
+
+def join_parts(parts: list[torch.Tensor], transposed: bool) -> torch.Tensor:
+    """The fused full parameter made of `parts` (fused_sources' order)."""
+    return torch.cat([p.t() if transposed else p for p in parts])
+
+
+def part_of(full: torch.Tensor, sizes, index: int, transposed: bool) -> torch.Tensor:
+    """Part `index` of the fused full parameter, as the unfused model holds it (join_parts' inverse)."""
+    piece = full if sizes is None else full.split(list(sizes))[index]
+    return piece.t() if transposed else piece
+
+
 def replicated_parameter_names(module: nn.Module) -> list[str]:
     """Names of the parameters of `module` that every rank of its tensor-parallel group holds whole
     (layer norms, the position embedding, the row-parallel biases)."""

@@ -129,8 +129,6 @@ class HFFamily(ModelFamily):
     (HFDecoderLayer); 'selective' (GPT's attention core) has no counterpart here and is refused."""
 
     block = None  # set in __init__: parallel.hf_pipeline.HFDecoderLayer (needs transformers' import to have worked)
-    checkpoint_note = ("an hf model's checkpoint loads into runs of the same form: tp and tp+zero1 (q, k and v fused "
-                       "by parallelize; at any --tp), or ddp and zero1-3 (the transformers projections)")
 
     def __init__(self, args):
         from ..models.hf import hf_config  # ImportError naming `pip install ringzero[hf]` without transformers
