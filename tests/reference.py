@@ -1,5 +1,6 @@
 """Helpers the tests share (never imported from another test file): the integer inputs and the gloo
-reference of the collective tests, and the staging sizes that make small tensors cross many slots.
+reference of the collective tests, the staging sizes that make small tensors cross many slots, and
+the bytes autograd saves for backward (the estimator's activation tests).
 
 Reference: gloo's torch.distributed.all_reduce on the same inputs widened to float64/int64 (exact for
 the small integers used here; 8-bit products wrap the same way after narrowing), gloo SUM divided by
@@ -53,3 +54,19 @@ def check_equal(got, want, what):
 
 SMALL_BUFFERS = {"RINGZERO_SHM_BUFFER_BYTES": "4096", "RINGZERO_RING_SLICE_BYTES": "1024", "RINGZERO_TIMEOUT_S": "120"}
 """A 4 KiB shared-memory slot and 1 KiB ring slices: the sizes above cross many of them."""
+
+
+def saved_bytes(fn, module: torch.nn.Module) -> int:
+    """Bytes of distinct storages autograd saves for backward while fn() runs, parameters excluded."""
+    skip = {p.untyped_storage().data_ptr() for p in module.parameters()}
+    seen = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        if st.data_ptr() not in skip:
+            seen[st.data_ptr()] = st.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return sum(seen.values())

@@ -55,6 +55,10 @@ def _world_rows(tmp):
         ("ZeRO stage", ValueError, "stage must be 1, 2 or 3", lambda: ZeroDataParallel(lin, stage=4)),
         ("ZeRO unit without stage 3", ValueError, "unit=", lambda: ZeroDataParallel(lin, stage=2, unit=torch.nn.Linear)),
         ("ZeRO not a module", TypeError, "module must be an nn.Module", lambda: ZeroDataParallel("model")),
+        ("ZeRO own_bucket at stage 3", ValueError, "own_bucket= applies to stages 1-2",
+         lambda: ZeroDataParallel(lin, stage=3, own_bucket=[lin.weight])),
+        ("ZeRO own_bucket not the module's", ValueError, "own_bucket parameter must be a parameter of module",
+         lambda: ZeroDataParallel(lin, stage=2, own_bucket=[torch.nn.Parameter(torch.ones(2))])),
         ("DDP not a module", TypeError, "nn.Module", lambda: DistributedDataParallel(3)),
         ("Mesh pp does not divide", ValueError, "does not divide", lambda: Mesh(pp=3) if dist.get_world_size() == 2 else
          (_ for _ in ()).throw(ValueError("does not divide"))),

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from ringzero.estimate import ModelShape, Plan, Precision, estimate, largest_model, main
 from ringzero.models import GPT, GPTConfig, lm_loss
+from reference import saved_bytes
 
 GB = 1e9
 
@@ -133,22 +134,6 @@ def test_gpt2_1_5b_example_beside_ours():
 
 
 # ---- activations against what torch saves -------------------------------------------------------------
-
-def saved_bytes(fn, module: nn.Module) -> int:
-    """Bytes of distinct storages autograd saves for backward while fn() runs, parameters excluded."""
-    skip = {p.untyped_storage().data_ptr() for p in module.parameters()}
-    seen = {}
-
-    def pack(t):
-        st = t.untyped_storage()
-        if st.data_ptr() not in skip:
-            seen[st.data_ptr()] = st.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        fn()
-    return sum(seen.values())
-
 
 @pytest.mark.parametrize("n_layer,n_head,d_model,seq,batch", [(1, 2, 32, 16, 1), (3, 4, 48, 64, 3), (2, 1, 40, 33, 2)])
 def test_activations_match_torch_saved_tensors_of_ringzero_gpt(n_layer, n_head, d_model, seq, batch):

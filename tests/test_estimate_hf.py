@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from ringzero import train
-from test_estimate import saved_bytes
+from reference import saved_bytes
 
 try:
     import transformers  # noqa: F401

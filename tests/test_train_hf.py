@@ -11,13 +11,14 @@ machine (2026-11-27): at most 1.8e-7 (pytest -s prints each gap).
 - 2 ranks, both models: ddp, zero1-3, pp, pp+zero1, pp+zero2, tp, tp+zero1; tp, pp and zero3 again with
   --recompute full. hf:llama has grouped-query attention (kv_heads 2); hf:gpt2 ties its LM head to the
   embedding (pp puts the two on different stages).
-- 4 ranks, hf:llama: 3d (tp 2 x pp 2) with and without --recompute full, pp+zero2 with --pp 2.
+- 4 ranks, hf:llama: 3d (tp 2 x pp 2) with and without --recompute full, pp+zero2 with --pp 2; hf:gpt2:
+  pp+zero1 and pp+zero2 with --pp 2 (the tied embedding on both stages, under ZeRO).
 - checkpoints, hf:llama with kv_heads 4 (= heads) and 2 (grouped-query): saved by tp (tp = 2) after 3
   steps, resumed at tp = 1 (2 replicas) and as tp+zero1 at tp = 1: the resumed steps' losses against the
   uninterrupted tp = 2 run, rel and abs 1e-5 (test_train_tp.py's bound for the byte GPT). Both models: a
   tp checkpoint resumed by ddp and zero1, a ddp checkpoint resumed by tp = 2, against the uninterrupted runs.
 - refusals before any rank starts: an unknown --model, an hf model without transformers (the message
-  names `pip install ringzero[hf]`), --recompute selective, a tied embedding across stages under ZeRO.
+  names `pip install ringzero[hf]`), --recompute selective, a tied embedding across stages under 3d.
 """
 import sys
 
@@ -90,13 +91,16 @@ def test_every_strategy_on_two_ranks_matches_one_process(reference):
 
 @needs_hf
 def test_3d_and_two_stage_zero_on_four_ranks_match_one_process(reference):
-    flags = MODELS["hf:llama"]
-    cases = [(f"{s} {r} {' '.join(extra)}", [*COMMON, *flags, "--recompute", r, *extra], s)
+    """hf:gpt2's pp+zero1/2 over 2 stages: its tied embedding is on both, in a ZeRO bucket of its own whose
+    reduced shards the two stages add (tied_embedding_sync)."""
+    cases = [(f"hf:llama {s} {r} {' '.join(extra)}", [*COMMON, *MODELS["hf:llama"], "--recompute", r, *extra], s)
              for s, r, extra in FOUR_RANKS]
+    cases += [(f"hf:gpt2 {s} none --pp 2", [*COMMON, *MODELS["hf:gpt2"], "--pp", "2"], s) for s in ("pp+zero1", "pp+zero2")]
     by = run_ranks(4, train_cases, cases, timeout_s=600)[0]
     for name, summary in by.items():
-        check_against(reference, "hf:llama", name, summary)
-    assert by["3d none "]["tp"] == 2
+        model, rest = name.split(" ", 1)
+        check_against(reference, model, rest, summary)
+    assert by["hf:llama 3d none "]["tp"] == 2
 
 
 @needs_hf
@@ -170,7 +174,7 @@ def test_hf_model_without_transformers_says_how_to_install_it(capsys, monkeypatc
 def test_what_hf_models_refuse(capsys):
     assert "use --recompute full" in refused(capsys, ["--model", "hf:llama", "--recompute", "selective"])
     err = refused(capsys, ["--model", "hf:gpt2", "--strategy", "3d", "--nproc", "4"])
-    assert "tied to the embedding" in err and "--strategy pp" in err
+    assert "tied to the embedding" in err and "counted twice" not in err and "count twice" in err
     assert "num_key_value_heads=3" in refused(capsys, ["--model", "hf:llama", "--heads", "6", "--kv-heads", "3",
                                                        "--d-model", "48", "--strategy", "tp", "--nproc", "2"])
     assert "no grouped-query attention" in refused(capsys, ["--model", "hf:gpt2", "--kv-heads", "2"])

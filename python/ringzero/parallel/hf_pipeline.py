@@ -21,6 +21,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .hf_layers import causal_lm_loss
 from .hf_plans import HFPlan, find_module, resolve_plan
+from .zero import ZeroDataParallel
 
 
 def _plan_of(model: nn.Module, plan) -> HFPlan:
@@ -136,14 +137,22 @@ def tied_embedding_sync(model: nn.Module, stages, plan=None):
     group, num_stages = stages[0].group, stages[0].num_stages
     size = dist.get_world_size(group)
     peer = dist.get_global_rank(group, (num_stages - 1) % size if holds_first else 0)
+    zero = next((s.module for s in stages if isinstance(s.module, ZeroDataParallel)), None)
+    # Under ZeRO (stages 1-2, the weight in a bucket of its own: ZeroDataParallel's own_bucket) the gradient
+    # to add is this rank's shard of the data-parallel reduced one, which holds the same elements on both
+    # stages; the sum of the two reduced parts is the reduced sum (a mean over replicas is linear).
+    holder = zero.group_of(weight).master if zero is not None else weight
+    if zero is not None and len(zero.group_of(weight).layout.params) != 1:
+        raise ValueError("tied_embedding_sync: under ZeroDataParallel the tied weight needs a bucket of its own: "
+                         "wrap the stage with ZeroDataParallel(..., own_bucket=[weight])")
 
     def sync():
-        grad = weight.grad if weight.grad is not None else torch.zeros_like(weight)
+        grad = holder.grad if holder.grad is not None else torch.zeros_like(holder)
         other = torch.empty_like(grad)
         works = dist.batch_isend_irecv([dist.P2POp(dist.isend, grad.contiguous(), peer, group),
                                         dist.P2POp(dist.irecv, other, peer, group)])
         for work in works:
             work.wait()
-        weight.grad = grad + other  # a + b == b + a in floating point: both ranks hold the same sum
+        holder.grad = grad + other  # a + b == b + a in floating point: both ranks hold the same sum
 
     return sync

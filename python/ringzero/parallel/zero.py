@@ -75,13 +75,17 @@ class ZeroDataParallel(nn.Module):
     reshard_after_forward: stage 3: free each unit after its forward (gathered again for backward).
     offload_optimizer: keep master shards (and so the optimizer state) in CPU memory (ZeRO-Offload);
       step them with a CPU optimizer (ringzero.optim.FusedAdamW runs its fused CPU kernel on them).
+    own_bucket: stages 1-2: parameters that each get a bucket of their own, so that its flat layout, and
+      which of its elements a rank's shard holds, depend on the parameter alone: a weight that two
+      modules on different ranks share (an embedding tied to the LM head on the first and the last
+      pipeline stage) then has the same shard on both, and group_of(p).master.grad can be exchanged.
     find_unused_parameters is implied: a parameter that gets no gradient contributes zeros (as in
     DeepSpeed and FSDP's flat parameters), so weight decay still applies to it.
     """
 
     def __init__(self, module: nn.Module, stage: int = 2, process_group=None, param_dtype=None,
                  reduce_dtype=torch.float32, bucket_cap_mb: float = 25, unit=None, prefetch: bool = True,
-                 reshard_after_forward: bool = True, offload_optimizer: bool = False):
+                 reshard_after_forward: bool = True, offload_optimizer: bool = False, own_bucket=()):
         super().__init__()
         if not isinstance(module, nn.Module):
             raise TypeError(f"ZeroDataParallel: module must be an nn.Module, got {type(module).__name__}")
@@ -91,6 +95,12 @@ class ZeroDataParallel(nn.Module):
         _check_dtype(reduce_dtype, "reduce_dtype", allow_none=False)
         if unit is not None and stage != 3:
             raise ValueError(f"ZeroDataParallel: unit= applies to stage 3 only (got stage={stage}); drop unit or use stage=3")
+        own_bucket = list(own_bucket)
+        if own_bucket and stage == 3:
+            raise ValueError("ZeroDataParallel: own_bucket= applies to stages 1-2 (stage 3 shards by unit); drop it "
+                             "or use stage 1 or 2")
+        if not all(any(p is q for q in module.parameters()) for p in own_bucket):
+            raise ValueError("ZeroDataParallel: every own_bucket parameter must be a parameter of module")
         cap_bytes = check_bucket_cap(bucket_cap_mb) if stage < 3 else None
         self.module = module
         self.stage = stage
@@ -110,7 +120,8 @@ class ZeroDataParallel(nn.Module):
         if stage == 3:
             self.sharding = ShardedUnits(module, named, spec, unit, bool(prefetch), bool(reshard_after_forward))
         else:
-            self.sharding = (ReplicatedGradBuckets if stage == 1 else ShardedGradBuckets)(named, spec, cap_bytes)
+            self.sharding = (ReplicatedGradBuckets if stage == 1 else ShardedGradBuckets)(named, spec, cap_bytes,
+                                                                                          own_bucket)
         self._stale = False  # the masters were written behind their version counters (optimizer step, load)
         _LIVE.add(self)
 
@@ -118,6 +129,13 @@ class ZeroDataParallel(nn.Module):
     def groups(self) -> list[ShardedGroup]:
         """Every flat group (bucket or unit), in the order of parameters() and of checkpoint entries."""
         return self.sharding.groups
+
+    def group_of(self, param: nn.Parameter) -> ShardedGroup:
+        """The flat group holding `param` (a parameter of the wrapped module); ValueError if none does."""
+        for g in self.groups:
+            if any(p is param for p in g.layout.params):
+                return g
+        raise ValueError("ZeroDataParallel.group_of: param is not a parameter of the wrapped module")
 
     # ---- parameters seen by the optimizer ------------------------------------------------------
     def named_parameters(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):

@@ -19,13 +19,22 @@ from .zero_sharding import ShardSpec, ZeroSharding
 
 class Buckets(ZeroSharding):
     """Flat buckets of at most cap_bytes (counted in spec.reduce_dtype) over `named` (name, Parameter),
-    filled in reverse registration order (roughly the order backward produces gradients)."""
+    filled in reverse registration order (roughly the order backward produces gradients); each parameter
+    in `own` gets a bucket of its own, in its place in that order."""
 
     REDUCTION: GradReduction
 
-    def __init__(self, named, spec: ShardSpec, cap_bytes: int):
+    def __init__(self, named, spec: ShardSpec, cap_bytes: int, own=()):
+        runs, run = [], []  # stretches of parameters between the ones that get their own bucket
+        for name, p in reversed(named):
+            if any(p is q for q in own):
+                runs += [run, [(name, p)]]
+                run = []
+            else:
+                run.append((name, p))
+        runs.append(run)
         buckets = [spec.make(b, self.REDUCTION)
-                   for b in bucket_params(reversed(named), cap_bytes, lambda p: spec.reduce_dtype)]
+                   for r in runs if r for b in bucket_params(r, cap_bytes, lambda p: spec.reduce_dtype)]
         super().__init__(buckets, reduce_order=buckets)
 
     def gather_params(self, masters_changed: bool):

@@ -192,10 +192,14 @@ class PipelineRun:
                 free_parameters(part, keep=own)
         # Parameters this stage shares with others (a tied embedding): counted once in the clip's norm.
         others = {id(p) for i, part in enumerate(parts) if i != self.index for p in part.parameters()}
-        self.shared = [p for p in own if id(p) in others]
         module = compute_module(parts[self.index], env)
+        self.shared = [p for p in module.parameters() if id(p) in others]
         if layout.zero_stage:
-            module = ZeroDataParallel(module, stage=layout.zero_stage, process_group=self.mesh.group("dp"))
+            # A shared weight gets a bucket of its own, so that its shard is the same on both stages (the
+            # family's grad_sync adds the two stages' reduced shards).
+            module = ZeroDataParallel(module, stage=layout.zero_stage, process_group=self.mesh.group("dp"),
+                                      own_bucket=self.shared)
+            self.shared = [module.group_of(p).master for p in self.shared]
         self.module, self.args, self.zero = module, args, bool(layout.zero_stage)
         self.opt = fused_adamw(module.parameters(), args)
         stage = PipelineStage(module, self.index, layout.pp, group=self.mesh.group("pp"))
@@ -223,8 +227,8 @@ class PipelineRun:
             clip_tensor_parallel_grad_norm_(self.module, self.args.clip, self.layout.tp)
         elif self.args.clip > 0:
             # Every stage and replica holds disjoint gradients, except plain stages replicated over dp and a
-            # tied embedding, whose summed gradient the first and the last stage both hold (family.check
-            # refuses it under ZeRO, whose parameters() are master shards).
+            # tied embedding, whose summed gradient the first and the last stage both hold (under ZeRO: its
+            # bucket's master shard, the same elements on both).
             shared = {id(p) for p in self.shared}
             grads = [p.grad for p in self.module.parameters() if id(p) not in shared]
             clip_grad_norm_(grads, self.args.clip, replicas=1 if self.zero else self.mesh.size("dp"),
