@@ -21,7 +21,7 @@ def _sum_of_squares(grads) -> torch.Tensor:
 
 
 def clip_grad_norm_(grads, max_norm: float, group=None, replicas: int = 1, replicated=(),
-                    replicated_copies: int | None = None) -> torch.Tensor:
+                    replicated_copies: int | None = None, copies=()) -> torch.Tensor:
     """Scales `grads` (this rank's gradient tensors, any device) so that the global 2-norm is at most
     max_norm; returns the norm before clipping (float32 0-dim CPU tensor, the same on every rank).
 
@@ -31,12 +31,16 @@ def clip_grad_norm_(grads, max_norm: float, group=None, replicas: int = 1, repli
     (a pipeline stage replicated over its data-parallel ranks); shards count once (replicas=1).
     `replicated`: further gradients held equal by `replicated_copies` ranks of the group (None: every
     rank; a tensor-parallel model's layer norms, on each rank of its tensor group), counted once and
-    scaled too. Every rank of the group must call it."""
+    scaled too. `copies`: more such classes, as (gradients, how many ranks of the group hold each).
+    Every rank of the group must call it."""
     grads = [g for g in grads if g is not None]
-    replicated = [g for g in replicated if g is not None]
+    classes = [([g for g in replicated if g is not None], replicated_copies or dist.get_world_size(group))]
+    classes += [([g for g in gs if g is not None], n) for gs, n in copies]
     sq = _sum_of_squares(grads)
-    if replicated:
-        sq += _sum_of_squares(replicated) / (replicated_copies or dist.get_world_size(group))
+    for gs, n in classes:
+        if gs:
+            sq += _sum_of_squares(gs) / n
+    replicated = [g for gs, _ in classes for g in gs]
     comm.all_reduce(sq, op=ReduceOp.SUM, group=group)
     if replicas != 1:
         sq /= replicas

@@ -96,7 +96,7 @@ def unshard(shards: list[torch.Tensor], dim: int, chunks) -> torch.Tensor:
 
 
 def clip_tensor_parallel_grad_norm_(model: nn.Module, max_norm: float, tp: int, group=None,
-                                    replicas: int = 1) -> torch.Tensor:
+                                    replicas: int = 1, shared=()) -> torch.Tensor:
     """Scales the gradients of `model` (a tensor-parallel module, or a ZeroDataParallel over one, whose
     flat master shards mix shards and replicated parameters) so that the 2-norm of the full model's
     gradient is at most max_norm; returns the norm before clipping (float32 0-dim CPU tensor, the same
@@ -105,10 +105,20 @@ def clip_tensor_parallel_grad_norm_(model: nn.Module, max_norm: float, tp: int, 
     `group` (None: the world) must span every rank holding a part of the model: tensor-parallel shards
     count once, replicated parameters once among the `tp` ranks holding each, and everything is divided
     by `replicas` when every gradient is held by that many data-parallel replicas (DDP; 1 under ZeRO,
-    whose master shards are disjoint). Every rank of `group` calls it."""
+    whose master shards are disjoint). `shared`: parameters (under ZeRO, master shards) whose gradient a
+    second pipeline stage holds too (an embedding tied to the head): counted half on each. Every rank of
+    `group` calls it."""
     from .zero import ZeroDataParallel
 
-    split, whole = [], []
+    split, whole, split_shared, whole_shared = [], [], [], []
+
+    def add(name_is_replicated: bool, grad, is_shared: bool):
+        if is_shared:
+            (whole_shared if name_is_replicated else split_shared).append(grad)
+        else:
+            (whole if name_is_replicated else split).append(grad)
+
+    shared = {id(p) for p in shared}
     if isinstance(model, ZeroDataParallel):
         replicated = set(replicated_parameter_names(model.module))
         for g in model.groups:
@@ -119,10 +129,10 @@ def clip_tensor_parallel_grad_norm_(model: nn.Module, max_norm: float, tp: int, 
                 a = max(slot.offset, start)
                 b = min(slot.offset + slot.numel, start + g.layout.shard_numel)
                 if a < b:
-                    (whole if slot.name in replicated else split).append(grad[a - start:b - start])
+                    add(slot.name in replicated, grad[a - start:b - start], id(g.master) in shared)
     else:
         replicated = set(replicated_parameter_names(model))
         for n, p in model.named_parameters():
-            (whole if n in replicated else split).append(p.grad)
+            add(n in replicated, p.grad, id(p) in shared)
     return clip_grad_norm_(split, max_norm, group=group, replicas=replicas, replicated=whole,
-                           replicated_copies=tp)
+                           replicated_copies=tp, copies=[(split_shared, 2), (whole_shared, 2 * tp)])

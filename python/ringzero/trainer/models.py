@@ -167,12 +167,6 @@ class HFFamily(ModelFamily):
             except ValueError as e:
                 raise ValueError(f"{layout.strategy} with --tp {layout.tp} on --model {self.name}: {e} (--heads, "
                                  "--kv-heads, --d-model, --seq)") from None
-        if self.tied and layout.pipeline and layout.pp > 1 and layout.tensor_parallel:
-            # 3d: the tensor-parallel clip counts each stage's gradients without knowing that the first and
-            # the last stage hold the same (summed) gradient of the shared weight: it would count it twice.
-            raise ValueError(f"{layout.strategy} with --pp {layout.pp} on --model {self.name}: the LM head is tied to "
-                             "the embedding, whose two pipeline copies the tensor-parallel gradient clip would count "
-                             "twice; use pp+zero1 or pp+zero2 with --tp 1, or --pp 1")
 
     def build(self) -> nn.Module:
         from ..models.hf import build_hf_model

@@ -224,7 +224,7 @@ class PipelineRun:
         loss = self.runner.step(*self._replica(x, y))
         if self.args.clip > 0 and self.layout.tensor_parallel:
             # Stages and ZeRO shards are disjoint; the stage's replicated parameters repeat on its tp ranks.
-            clip_tensor_parallel_grad_norm_(self.module, self.args.clip, self.layout.tp)
+            clip_tensor_parallel_grad_norm_(self.module, self.args.clip, self.layout.tp, shared=self.shared)
         elif self.args.clip > 0:
             # Every stage and replica holds disjoint gradients, except plain stages replicated over dp and a
             # tied embedding, whose summed gradient the first and the last stage both hold (under ZeRO: its
