@@ -12,6 +12,7 @@
   eager layer with dropout (Korthikanti et al.'s 34sbh + 5as^2b at 16 bits).
 - The command line: bad flags and impossible sizes end in a usage error naming the flag.
 """
+import json
 import math
 
 import pytest
@@ -293,3 +294,37 @@ def test_library_errors_name_the_argument():
         estimate("gpt2")
     with pytest.raises(ValueError, match="optimizer"):
         Precision.for_dtype("float32", optimizer="lion")
+
+
+# ---- Hugging Face config.json (no transformers needed) -------------------------------------------------
+
+LLAMA3_8B = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
+             "num_hidden_layers": 32, "num_key_value_heads": 8, "vocab_size": 128256, "tie_word_embeddings": False}
+GPT2_SMALL = {"model_type": "gpt2", "n_embd": 768, "n_head": 12, "n_layer": 12, "n_positions": 1024,
+              "vocab_size": 50257, "n_inner": None}
+
+
+def test_hf_config_parameter_counts_are_the_published_ones():
+    """The published sizes: Meta-Llama-3-8B 8,030,261,248 parameters, GPT-2 small 124,439,808."""
+    assert ModelShape.from_hf_config(LLAMA3_8B, 8192).n_params() == 8_030_261_248
+    gpt2 = ModelShape.from_hf_config(GPT2_SMALL, 1024)
+    assert gpt2.n_params() == 124_439_808 and gpt2.tied_embeddings and gpt2.dropout  # config.json's default 0.1
+    with pytest.raises(ValueError, match="model_type='bert'"):
+        ModelShape.from_hf_config({"model_type": "bert", "hidden_size": 8, "num_attention_heads": 2}, 8)
+    with pytest.raises(ValueError, match="no intermediate_size"):
+        ModelShape.from_hf_config({k: v for k, v in LLAMA3_8B.items() if k != "intermediate_size"}, 8)
+
+
+def test_cli_reads_a_hf_config_json(tmp_path, capsys):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(LLAMA3_8B))
+    assert main(["--hf-config", str(path), "--seq", "8192", "--dtype", "bfloat16", "--batch", "8", "--world", "8",
+                 "--strategy", "zero3"]) == 0
+    out = capsys.readouterr().out
+    assert "32 heads (8 key/value)" in out and "mlp 14336 swiglu" in out and "= 8.03 B parameters" in out
+    for argv, message in ((["--hf-config", str(path)], "give --seq"),
+                          (["--hf-config", str(path), "--seq", "8", "--layers", "2"], "no --params"),
+                          (["--hf-config", str(tmp_path / "none.json"), "--seq", "8"], "No such file")):
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        assert exc.value.code == 2 and message in capsys.readouterr().err, argv

@@ -17,6 +17,7 @@ EXAMPLES = """examples:
   ringzero estimate --params 7.5B --dtype bfloat16 --world 64 --strategy ddp,zero1,zero2,zero3
   ringzero estimate --layers 48 --hidden 1600 --heads 25 --vocab 50257 --seq 1024 --tied --batch 32
   ringzero estimate --ringzero-gpt --batch 16 --strategy zero2 --world 2
+  ringzero estimate --hf-config Meta-Llama-3-8B/config.json --seq 8192 --dtype bfloat16 --batch 8 --world 8 --strategy zero3
   ringzero estimate --params 70B --dtype bfloat16 --strategy zero3 --cluster 64xH100
   ringzero estimate --layers 96 --hidden 12288 --heads 96 --vocab 51200 --seq 2048 --dtype bfloat16 \\
       --strategy pp --world 64 --pp 8 --tp 8 --sequence-parallel --recompute selective --batch 1 --microbatches 1
@@ -41,11 +42,14 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 description="Memory per GPU (parameters, gradients, optimizer state, activations) "
                                             "and communication per step of a training configuration.")
-    m = p.add_argument_group("model (--params, or the shape, or --ringzero-gpt)")
+    m = p.add_argument_group("model (--params, or the shape, or --ringzero-gpt, or --hf-config)")
     m.add_argument("--params", type=parse_count, help="parameter count only, e.g. 7.5B (no activations)")
     m.add_argument("--ringzero-gpt", action="store_true",
                    help="ringzero's byte-level GPT (untied head, no dropout, flash attention); shape flags "
                         "override its GPTConfig defaults")
+    m.add_argument("--hf-config", metavar="CONFIG_JSON",
+                   help="a Hugging Face model's config.json (llama, mistral, qwen2, gpt2; no download, transformers "
+                        "not needed); give --seq")
     m.add_argument("--layers", type=int)
     m.add_argument("--hidden", type=int)
     m.add_argument("--heads", type=int)
@@ -98,6 +102,20 @@ def build_parser() -> argparse.ArgumentParser:
 def _model(args):
     shape_given = {k: getattr(args, k) for k in SHAPE_FLAGS if getattr(args, k) is not None}
     traits_given = args.tied or args.no_dropout or args.attention is not None or args.mlp_ratio is not None
+    if args.hf_config is not None:
+        if args.params is not None or args.ringzero_gpt or traits_given or set(shape_given) != {"seq"}:
+            raise ValueError("--hf-config takes the shape from the file: give --seq (the sequence length) and no "
+                             "--params, --ringzero-gpt or other shape flags")
+        import json
+
+        try:
+            with open(args.hf_config) as f:
+                config = json.load(f)
+        except (OSError, json.JSONDecodeError) as e:
+            raise ValueError(f"--hf-config {args.hf_config}: {e}") from None
+        if not isinstance(config, dict):
+            raise ValueError(f"--hf-config {args.hf_config}: not a config.json (a JSON object)")
+        return ModelShape.from_hf_config(config, args.seq)
     if args.params is not None:
         if shape_given or args.ringzero_gpt or traits_given:
             raise ValueError("give either --params or a shape (--layers --hidden --heads --vocab --seq / "

@@ -117,20 +117,25 @@ class ModelShape:
         """The shape of a transformers causal LM of `config` (model_type llama, mistral, qwen2 or gpt2) on
         sequences of seq_len tokens, as ringzero.models.hf builds and runs it: PyTorch's SDPA attention
         ('flash': no s x s matrix), the family's norms, MLP, positions and biases, and dropout only where
-        the config has a nonzero dropout probability. ValueError for another model_type."""
-        kind = getattr(config, "model_type", None)
-        h, heads, attn = config.hidden_size, config.num_attention_heads, getattr(config, "_attn_implementation", None)
-        common = dict(n_layer=config.num_hidden_layers, d_model=h, n_head=heads, vocab_size=config.vocab_size,
-                      seq_len=seq_len, tied_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+        the config has a nonzero dropout probability. config: a transformers config, or the dict of its
+        config.json (GPT-2's names n_embd, n_layer, n_head too; transformers need not be installed).
+        ValueError for another model_type or a missing field."""
+        get = _config_reader(config)
+        kind = get("model_type")
+        if kind not in ("gpt2", "llama", "mistral", "qwen2"):
+            raise ValueError(f"model_type={kind!r}: the estimator knows llama, mistral, qwen2 and gpt2 shapes")
+        h, heads = get("hidden_size", "n_embd"), get("num_attention_heads", "n_head")
+        attn = get("_attn_implementation", default=None)
+        common = dict(n_layer=get("num_hidden_layers", "n_layer"), d_model=h, n_head=heads,
+                      vocab_size=get("vocab_size"), seq_len=seq_len,
+                      tied_embeddings=bool(get("tie_word_embeddings", default=kind == "gpt2")),
                       attention="eager" if attn == "eager" else "flash")
         if kind == "gpt2":
-            drops = (config.resid_pdrop, config.embd_pdrop, config.attn_pdrop)
-            return cls(**common, mlp_width=config.n_inner or 4 * h, mlp="gelu_new", dropout=any(drops))
-        if kind in ("llama", "mistral", "qwen2"):
-            return cls(**common, kv_heads=config.num_key_value_heads, mlp_width=config.intermediate_size, mlp="swiglu",
-                       norm="rms", positions="rotary", bias="qkv" if kind == "qwen2" else "none",
-                       dropout=bool(getattr(config, "attention_dropout", 0.0)))
-        raise ValueError(f"model_type={kind!r}: the estimator knows llama, mistral, qwen2 and gpt2 shapes")
+            drops = [get(k, default=0.1) for k in ("resid_pdrop", "embd_pdrop", "attn_pdrop")]
+            return cls(**common, mlp_width=get("n_inner", default=None) or 4 * h, mlp="gelu_new", dropout=any(drops))
+        return cls(**common, kv_heads=get("num_key_value_heads", default=None) or heads,
+                   mlp_width=get("intermediate_size"), mlp="swiglu", norm="rms", positions="rotary",
+                   bias="qkv" if kind == "qwen2" else "none", dropout=bool(get("attention_dropout", default=0.0)))
 
     @classmethod
     def from_gpt_config(cls, cfg) -> "ModelShape":
@@ -277,6 +282,22 @@ class ModelShape:
         return (f"{self.n_layer} layers, hidden {self.d_model}, {self.n_head} heads{kv}, vocab {self.vocab_size}, "
                 f"seq {self.seq_len}, {mlp}{tied}, attention {self.attention}, "
                 f"dropout {'on' if self.dropout else 'off'}{rest}")
+
+
+_MISSING = object()
+
+
+def _config_reader(config):
+    """get(*names, default=...) over a transformers config or a config.json dict: the first name present."""
+    def get(*names, default=_MISSING):
+        for name in names:
+            value = config.get(name, _MISSING) if isinstance(config, dict) else getattr(config, name, _MISSING)
+            if value is not _MISSING:
+                return value
+        if default is _MISSING:
+            raise ValueError(f"the model config has no {' or '.join(names)}")
+        return default
+    return get
 
 
 def split_layers(n_layer: int, stages: int) -> list[int]:

@@ -52,6 +52,10 @@ def memory_lines(est: Estimate) -> list[str]:
                      f"{fmt_bytes(st.activation_bytes):>11}")
         lines += [f"    {name:<{width - 2}}{fmt_bytes(b):>11}" for name, b in st.activation_terms.items()]
         lines.append(f"    formula: {est.activation_formula}")
+        m = est.model
+        if (m.mlp, m.norm, m.kv, m.width) != ("gelu", "layer", m.n_head, m.mlp_ratio * m.d_model):
+            lines.append("    taken term by term for this shape (its MLP, norms and key/value heads): "
+                         "ModelShape.layer_activation_bytes")
         lines.append(f"    applied with: attention {est.model.attention}, dropout "
                      f"{'on' if est.model.dropout else 'off'}, {prec.act_bytes}-byte activations, "
                      f"recompute {plan.recompute}" + _tensor_note(plan))
