@@ -359,7 +359,7 @@ def load(path, model, optimizer=None) -> dict:
         for g, s in zip(optimizer.param_groups, saved):
             g.update(s)
     if isinstance(model, ZeroDataParallel):
-        model._stale = True  # gather the loaded masters before the next forward
+        model.masters_written()  # gather the loaded masters before the next forward
     return {"step": reader.manifest["step"], "extra": rank0.get("extra"), "path": ckpt}
 
 

@@ -45,7 +45,7 @@ def _mark_stepped(optimizer, args, kwargs):
     ids = {id(p) for group in optimizer.param_groups for p in group["params"]}
     for model in list(_LIVE):
         if any(id(g.master) in ids for g in model.groups):
-            model._stale = True
+            model.masters_written()
 
 
 register_optimizer_step_post_hook(_mark_stepped)
@@ -159,6 +159,11 @@ class ZeroDataParallel(nn.Module):
         Stage 3: nothing (each unit is gathered around its use). Every rank of the group must call it."""
         self.sharding.gather_params(masters_changed=self._stale)
         self._stale = False
+
+    def masters_written(self):
+        """Says that the master shards were written behind their version counters (a checkpoint load, an
+        optimizer that writes .data): the next gather_params gathers every one of them."""
+        self._stale = True
 
     # ---- optimizer-side helpers ----------------------------------------------------------------
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
