@@ -93,3 +93,21 @@ def test_each_row_is_compared_with_its_like():
     # The bars: each ringzero row followed by its stock row, a stock row placed once.
     assert bar_order([_row(n, 1) for n in ("torch-ddp", "torch-pp", "ddp", "pp", "3d")]) == [
         "ddp", "torch-ddp", "pp", "torch-pp", "3d"]
+
+
+REFUSED = [
+    (["--compare", "pp,torch-pp", "--schedule", "ZBH1", "--nproc", "2"], "has no one-stage-per-rank schedule"),
+    (["--compare", "torch-pp", "--pp", "1", "--nproc", "2"], "leaves replicas; use --pp 2"),
+    (["--compare", "tp,torch-tp", "--nproc", "4", "--tp", "2"], "torch-tp splits over all ranks"),
+    (["--model", "hf:gpt2", "--compare", "tp,torch-tp", "--nproc", "2"], "no torch parallel style"),
+]
+
+
+@pytest.mark.parametrize("argv, message", REFUSED, ids=["zbh1", "pp-replicas", "tp-replicas", "gpt2-tp"])
+def test_stock_rows_that_cannot_run_are_refused_before_any_rank_starts(argv, message, capsys):
+    """What torch-pp and torch-tp cannot run is refused by train.parse_args (layout.check_run), not by the ranks."""
+    if "hf:gpt2" in argv:
+        pytest.importorskip("transformers", reason="the hf models need transformers (pip install ringzero[hf])")
+    with pytest.raises(SystemExit) as exc:
+        train.parse_args(argv)
+    assert exc.value.code == 2 and message in capsys.readouterr().err

@@ -28,6 +28,16 @@ TORCH_SCHEDULES = {"GPipe": "ScheduleGPipe", "1F1B": "Schedule1F1B"}
 """ringzero's --schedule -> the torch.distributed.pipelining schedule class of the same order."""
 
 
+def check_torch_pp(layout: Layout, schedule: str):
+    """ValueError for a torch-pp run that cannot work (layout.check_run calls it before any rank starts):
+    replicas beside the stages, or a schedule torch.distributed.pipelining has no one-stage-per-rank form of."""
+    if layout.dp != 1:
+        raise ValueError(f"torch-pp: --pp {layout.pp} with --nproc {layout.world} leaves replicas; use --pp {layout.world}")
+    if schedule not in TORCH_SCHEDULES:
+        raise ValueError(f"torch-pp: --schedule {schedule} has no one-stage-per-rank schedule in "
+                         f"torch.distributed.pipelining; use {' or '.join(TORCH_SCHEDULES)}")
+
+
 class TorchPipelineRun:
     """One stage per rank of a torch.distributed.pipelining schedule; see the module docstring."""
 
@@ -45,11 +55,7 @@ class TorchPipelineRun:
 
         world = dist.get_world_size()
         layout = Layout.of("pp", world, args.pp)
-        if layout.dp != 1:
-            raise ValueError(f"torch-pp: --pp {layout.pp} with --nproc {world} leaves replicas; use --pp {world}")
-        if args.schedule not in TORCH_SCHEDULES:
-            raise ValueError(f"torch-pp: --schedule {args.schedule} has no one-stage-per-rank schedule in "
-                             f"torch.distributed.pipelining; use {' or '.join(TORCH_SCHEDULES)}")
+        check_torch_pp(layout, args.schedule)
         family = model_family(args)
         parts = split(family.sequential(family.module(model)), layout.pp, by="params")
         index = dist.get_rank(env.baseline_group)

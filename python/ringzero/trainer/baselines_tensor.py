@@ -167,6 +167,17 @@ def _replicate_rest(model: nn.Module, mesh):
             distribute_module(module, mesh, replicate, input_fn=to_dtensor, output_fn=to_local)
 
 
+def check_torch_tp(layout: Layout, family):
+    """ValueError for a torch-tp run that cannot work (layout.check_run calls it before any rank starts):
+    replicas beside the tensor group, or a model without a torch parallel style (GPT-2's fused Conv1D
+    projections, a head tied to the embedding)."""
+    if layout.dp != 1:
+        raise ValueError(f"torch-tp splits over all ranks: --tp {layout.tp} with --nproc {layout.world} leaves replicas")
+    if family.name != "gpt" and (family.name not in ("hf:llama", "hf:qwen2") or family.tied):
+        raise ValueError(f"torch-tp on --model {family.name}: fused Conv1D projections (gpt2) and a head tied to "
+                         "the embedding have no torch parallel style; use hf:llama or hf:qwen2, untied")
+
+
 class TorchTensorParallelRun(DataParallelRun):
     """The torch-tp row: see the module docstring. Every rank takes the whole batch (one replica)."""
 
@@ -181,18 +192,14 @@ class TorchTensorParallelRun(DataParallelRun):
 
         world = dist.get_world_size()
         layout = Layout.of("tp", world, tp=args.tp)
-        if layout.dp != 1:
-            raise ValueError(f"torch-tp splits over all ranks: --tp {layout.tp} with --nproc {world} leaves replicas")
         family = model_family(args)
+        check_torch_tp(layout, family)
         mesh = _device_mesh(env.device.type, env.baseline_group)
         sp = bool(args.sequence_parallel)
         if family.name == "gpt":
             plan = _gpt_plan(model, mesh, sp)
-        elif family.name in ("hf:llama", "hf:qwen2") and not family.tied:
-            plan = _llama_plan(model, mesh, sp)
         else:
-            raise ValueError(f"torch-tp on --model {family.name}: fused Conv1D projections (gpt2) and a head tied to "
-                             "the embedding have no torch parallel style; use hf:llama or hf:qwen2, untied")
+            plan = _llama_plan(model, mesh, sp)
         parallelize_module(model, mesh, plan)
         _replicate_rest(model, mesh)
         module = model if family.name == "gpt" else family.module(model)

@@ -70,6 +70,14 @@ def check_run(run: str, nproc: int, pp: int | None, batch: int, microbatches: in
     layout = layout_of(run, nproc, pp, tp)
     if model is not None:
         model.check(layout, sequence_parallel)
+    if run == "torch-pp":
+        from .baselines_pipeline import check_torch_pp  # the stock rows' own rules, where their code lives
+
+        check_torch_pp(layout, schedule)
+    if run == "torch-tp" and model is not None:
+        from .baselines_tensor import check_torch_tp
+
+        check_torch_tp(layout, model)
     stages, dp = layout.pp, layout.dp
     if run == "pp" and dp != 1:
         raise ValueError(f"pp: --pp {stages} with --nproc {nproc} leaves {dp} data-parallel replicas; use pp+zero1 or "
