@@ -141,10 +141,13 @@ def tied_embedding_sync(model: nn.Module, stages, plan=None):
     # Under ZeRO (stages 1-2, the weight in a bucket of its own: ZeroDataParallel's own_bucket) the gradient
     # to add is this rank's shard of the data-parallel reduced one, which holds the same elements on both
     # stages; the sum of the two reduced parts is the reduced sum (a mean over replicas is linear).
-    holder = zero.group_of(weight).master if zero is not None else weight
-    if zero is not None and len(zero.group_of(weight).layout.params) != 1:
-        raise ValueError("tied_embedding_sync: under ZeroDataParallel the tied weight needs a bucket of its own: "
-                         "wrap the stage with ZeroDataParallel(..., own_bucket=[weight])")
+    holder = weight
+    if zero is not None:
+        bucket = zero.group_of(weight)
+        if len(bucket.layout.params) != 1:
+            raise ValueError("tied_embedding_sync: under ZeroDataParallel the tied weight needs a bucket of its own: "
+                             "wrap the stage with ZeroDataParallel(..., own_bucket=[weight])")
+        holder = bucket.master
 
     def sync():
         grad = holder.grad if holder.grad is not None else torch.zeros_like(holder)

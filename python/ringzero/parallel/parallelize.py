@@ -36,24 +36,22 @@ def linear_weight(module: nn.Module, conv1d: bool) -> tuple[torch.Tensor, torch.
     return (weight.t() if conv1d else weight), (None if module.bias is None else module.bias.detach())
 
 
-def _fused_qkv(attention: nn.Module, plan: HFPlan, heads: int, kv_heads: int, head_dim: int, group, sp: bool):
-    """One ColumnParallelLinear holding this rank's q, k and v heads, loaded from the plan's projections."""
+def _fused_qkv(attention: nn.Module, plan: HFPlan, sizes: list[int], group, sp: bool):
+    """One ColumnParallelLinear holding this rank's q, k and v heads, loaded from the plan's projections;
+    sizes: the rows of q, k and v."""
     projections = [find_module(attention, n, plan, "qkv") for n in plan.qkv]
     weights = [linear_weight(m, plan.conv1d) for m in projections]
     if len(weights) == 1:  # GPT-2's fused c_attn: [q | k | v] along the output
         w, b = weights[0]
-        sizes = [heads * head_dim, kv_heads * head_dim, kv_heads * head_dim]
         weights = list(zip(w.split(sizes), b.split(sizes) if b is not None else [None] * 3))
     if len({b is None for _, b in weights}) > 1:
         raise ValueError(f"plan {plan.name!r}: {plan.qkv} mix projections with and without bias")
     has_bias = weights[0][1] is not None
     d = weights[0][0].shape[1]
     # Three blocks, [q | k | v], each cut by heads: rank r holds [q heads of r | k heads of r | v heads of r].
-    # Grouped-query attention's q is larger than k and v, so the blocks are given by their sizes; either
-    # way tensor_state knows the cut, and checkpoints re-cut it for any tp.
-    sizes = [heads * head_dim, kv_heads * head_dim, kv_heads * head_dim]
-    qkv = ColumnParallelLinear(d, sum(sizes), group, bias=has_bias, chunks=3 if heads == kv_heads else tuple(sizes),
-                               sequence_parallel=sp)
+    # Given by their sizes (grouped-query attention's q is larger than k and v), so tensor_state knows the
+    # cut and checkpoints re-cut it for any tp.
+    qkv = ColumnParallelLinear(d, sum(sizes), group, bias=has_bias, chunks=tuple(sizes), sequence_parallel=sp)
     qkv.load_full_(torch.cat([w for w, _ in weights]), torch.cat([b for _, b in weights]) if has_bias else None)
     return qkv
 
@@ -76,12 +74,12 @@ def _sources(ours: str, theirs: tuple, sizes, plan: HFPlan, has_bias: bool) -> d
 
 def _parallel_attention(attention, plan, config, group, sp, rotary) -> ParallelAttention:
     heads, kv_heads, head_dim = attention_shape(config, plan)
-    qkv = _fused_qkv(attention, plan, heads, kv_heads, head_dim, group, sp)
+    sizes = [heads * head_dim, kv_heads * head_dim, kv_heads * head_dim]
+    qkv = _fused_qkv(attention, plan, sizes, group, sp)
     out = _row_parallel(find_module(attention, plan.attention_out, plan, "attention_out"), plan, group, sp)
     scaling = getattr(attention, "scaling", head_dim ** -0.5)
     layer = ParallelAttention(qkv, out, heads, kv_heads, head_dim, scaling, rotary)
-    sizes = [heads * head_dim, kv_heads * head_dim, kv_heads * head_dim] if len(plan.qkv) == 3 else None
-    layer.sources = {**_sources("qkv", plan.qkv, sizes, plan, qkv.bias is not None),
+    layer.sources = {**_sources("qkv", plan.qkv, sizes if len(plan.qkv) == 3 else None, plan, qkv.bias is not None),
                      **_sources("out", (plan.attention_out,), None, plan, out.bias is not None)}
     return layer
 
