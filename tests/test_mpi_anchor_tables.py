@@ -43,4 +43,48 @@ def test_placement_table_takes_medians_per_placement_and_leaves_mixed_jobs_out()
     # The overall table still takes every job, mixed ones included.
     overall = anchor.table(runs, args).splitlines()[2]
     # Lowest round: Open MPI / ringzero per round, 2/1, 4/3, 8/2 (ringzero's 4th round has no partner).
-    assert overall.startswith("| all_reduce | 4K | 2.5 [1.0-9.0] | 4.0 [2.0-8.0] | 1.60x | 1.33x | 9.00 |")
+    # On the same placement: rounds 1 (one L3) and 3 (two), 2/1 and 8/2; round 2 compared one with two.
+    assert overall.startswith("| all_reduce | 4K | 2.5 [1.0-9.0] | 4.0 [2.0-8.0] | 1.60x | 1.33x | 2.00x | 9.00 |")
+
+
+def test_same_placement_rounds_leave_out_rounds_across_placements_and_mixed_jobs():
+    runs = {
+        "ringzero": [run(1e-6, 60, 60), run(1e-6, 60, 60), run(1e-6, 400, 400), run(1e-6, 60, 400), run(1e-6, None, None)],
+        "openmpi": [run(1e-6, 60, 70), run(1e-6, 400, 400), run(1e-6, 400, 400), run(1e-6, 60, 400), run(1e-6, None, None)],
+        "mpich": [run(1e-6, 60, 60), run(1e-6, 60, 60), run(1e-6, 400, 390), run(1e-6, 60, 400), run(1e-6, None, None)],
+    }
+    # Round 2: Open MPI on two L3s; round 4: every job mixed; round 5: no probe anywhere (nothing to tell apart).
+    assert anchor.same_placement_rounds(runs, list(runs)) == [0, 2, 4]
+    assert anchor.same_placement_rounds({lib: rs[:2] for lib, rs in runs.items()}, ["ringzero", "mpich"]) == [0, 1]
+
+
+def test_driver_adds_rounds_until_enough_ran_on_the_same_placement(monkeypatch, tmp_path):
+    # The host's placement, job by job: the first two rounds split their jobs, then every job shares one.
+    # Rounds rotate the order (ringzero, openmpi; openmpi, ringzero; ...): a job's placement is taken
+    # from the sequence in the order the jobs ran.
+    placements = iter([(60, 60), (400, 400), (400, 400), (60, 60)] + [(60, 60)] * 20)
+    calls = []
+
+    def fake_job(impl, args, result):
+        calls.append(impl)
+        return run(1e-6 if impl == "ringzero" else 2e-6, *next(placements))
+
+    monkeypatch.setattr(anchor, "run_job", fake_job)
+    monkeypatch.setattr(anchor, "round_trip_ns", lambda: None)
+    out = tmp_path / "a"
+    anchor.main(["--rounds", "1", "--same-placement-rounds", "2", "--impls", "openmpi", "--ops", "all_reduce",
+                 "--sizes", "4K", "--settle-s", "0", "--out", str(out)])
+    # Rounds 1 and 2 compare one L3 with two; rounds 3 and 4 share one: four rounds, eight jobs.
+    assert len(calls) == 8
+    text = (tmp_path / "a.md").read_text()
+    assert "# rounds on the same placement (every job one L3, or every job two): 3, 4 of 4" in text
+    row = next(ln for ln in text.splitlines() if ln.startswith("| all_reduce | 4K |"))
+    assert "| 2.00x | 2.00x | 2.00x |" in row
+
+    # --max-rounds caps the search when the placements never agree.
+    placements = iter([(60, 60), (400, 400)] * 20)
+    calls.clear()
+    anchor.main(["--rounds", "1", "--same-placement-rounds", "2", "--max-rounds", "3", "--impls", "openmpi",
+                 "--ops", "all_reduce", "--sizes", "4K", "--settle-s", "0", "--out", str(out)])
+    assert len(calls) == 6
+    assert "every job two): none of 3" in (tmp_path / "a.md").read_text()
