@@ -25,13 +25,17 @@ OPS = ("all_reduce", "reduce_scatter", "all_gather")
 SLICE_NUMEL = (1 << 20) // 4  # the bare link's messages: the rings' default 1 MiB slices
 
 
-def rank_main(out: str, sizes_mib: list[float], repeats: int, ops: list[str]):
+def rank_main(out: str, sizes_mib: list[float], repeats: int, ops: list[str], smallest_segment_mib: float | None):
     """Times each op on float32 buffers of each size (the whole buffer: all-reduce's tensor, reduce-scatter's
     input, all-gather's output); rank 0 writes the slowest rank's medians (ms)."""
     import torch
     import torch.distributed as dist
 
     import ringzero
+    from ringzero.comm import transports
+
+    if smallest_segment_mib:  # an A/B of the pipeline's segments (4: every segment 4 MiB, as before 2026-11-27)
+        transports.PIPELINE_SMALLEST_SEGMENT_BYTES = int(smallest_segment_mib * (1 << 20))
 
     dist.init_process_group("gloo")
     comm = ringzero.get_communicator(dist.group.WORLD)
@@ -41,20 +45,53 @@ def rank_main(out: str, sizes_mib: list[float], repeats: int, ops: list[str]):
         comm.flat_ring.begin("bench flat all_reduce")
         comm.flat_ring.all_reduce(x, ringzero.ReduceOp.SUM)
 
-    def in_host(x):  # the hierarchical all-reduce's two shared-memory phases alone (calibrates --intra-gbps)
-        part = x.new_empty(x.numel() // comm.local_world)
-        spin = comm.shm.spin
-        comm.shm.set_spin(False)  # as inside the pipelined collectives (comm/transports.py _pipeline)
-        comm.shm.reduce_scatter(x, part, int(ringzero.ReduceOp.SUM))
-        comm.shm.all_gather(part, x)
-        comm.shm.set_spin(spin)
+    transport = comm.transport
+    shm = comm.shm
+    nothing = lambda *a: None  # noqa: E731
 
-    def link(x):
+    def in_host(op, x, piece):
+        """The op's in-host steps alone, as the pipelined collective runs them (comm/hierarchical.py) with a
+        cross-host step that does nothing: what calibrates the estimate's in-host link for this op."""
+        from ringzero.comm import hierarchical as hier
+
+        rs = lambda staged, part: shm.reduce_scatter(staged, part, int(ringzero.ReduceOp.SUM))  # noqa: E731
+        spin = shm.spin
+        shm.set_spin(False)  # as inside the pipelined collectives (comm/transports.py _pipeline)
+        if op == "all_reduce":
+            hier.all_reduce_pipelined(x, comm.local_world, transport.segment_numel(x), rs, nothing, nothing,
+                                      shm.all_gather)
+        elif op == "reduce_scatter":
+            hier.reduce_scatter_pipelined(x, piece, transport.hosts, transport.block_segment_numel(x), rs, nothing,
+                                          nothing)
+        else:
+            hier.all_gather_pipelined(piece, x, transport.hosts, transport.cross_ring.pos,
+                                      transport.block_segment_numel(x), shm.all_gather, nothing, nothing)
+        shm.set_spin(spin)
+
+    class NoHostStep:
+        """Stands in for the shared-memory segment: the in-host steps do nothing (their outputs keep what
+        they held), so that the transport runs only its cross-host steps, pipelined as usual."""
+        spin = False
+
+        def __getattr__(self, name):
+            return nothing
+
+    def cross(op, x, piece):
+        """The op's cross-host steps alone, as the transport runs them (its worker thread, segment by segment)."""
+        real, transport.shm = transport.shm, NoHostStep()
+        try:
+            {"all_reduce": lambda: transport.all_reduce(x, ringzero.ReduceOp.SUM),
+             "reduce_scatter": lambda: transport.reduce_scatter(piece, x, ringzero.ReduceOp.SUM),
+             "all_gather": lambda: transport.all_gather(x, piece)}[op]()
+        finally:
+            transport.shm = real
+
+    def link(op, x):
         """The bare link as gloo point-to-point moves it: every rank sends to its cross-host ring neighbour
-        what the hierarchical all-reduce sends across, 2(H-1)/H of its 1/L share, while it receives as much."""
+        what the op's cross-host step sends, (H-1)/H of its 1/L share (twice that for all_reduce), while
+        it receives as much."""
         ring = comm.cross_ring or comm.flat_ring
-        hosts = len(comm.hosts)
-        t = x[: int(2 * (hosts - 1) / hosts * x.numel() / comm.local_world)]
+        t = x[: int(link_share(op, len(comm.hosts)) * x.numel() / comm.local_world)]
         got = torch.empty_like(t)
         works = [dist.irecv(s, ring.left) for s in got.split(SLICE_NUMEL)]  # first, as the rings do
         works += [dist.isend(s, ring.right) for s in t.split(SLICE_NUMEL)]
@@ -71,13 +108,16 @@ def rank_main(out: str, sizes_mib: list[float], repeats: int, ops: list[str]):
                                    "gloo": lambda: dist.reduce_scatter_tensor(piece, x)},
                 "all_gather": {"ringzero": lambda: ringzero.all_gather_into_tensor(x, piece),
                                "gloo": lambda: dist.all_gather_into_tensor(x, piece)}}
-        if comm.hierarchical:
-            ways["all_reduce"]["in host"] = lambda: in_host(x)
-        ways["all_reduce"]["link"] = lambda: link(x)
+        for op in OPS:
+            if comm.hierarchical and transport.segment_numel(x) and transport.block_segment_numel(x):
+                ways[op]["in host"] = lambda op=op: in_host(op, x, piece)
+                ways[op]["cross"] = lambda op=op: cross(op, x, piece)
+            ways[op]["link"] = lambda op=op: link(op, x)
         for op in ops:
             row = {"op": op, "bytes": x.numel() * 4}
+            busy = row["busy"] = {}
             for name, fn in ways[op].items():
-                row[name] = slowest_median_ms(fn, repeats)
+                row[name] = slowest_median_ms(fn, repeats, busy, name)
             row["load"] = os.getloadavg()[0]
             rows.append(row)
     if dist.get_rank() == 0:
@@ -86,34 +126,61 @@ def rank_main(out: str, sizes_mib: list[float], repeats: int, ops: list[str]):
     dist.destroy_process_group()
 
 
-def slowest_median_ms(fn, repeats: int) -> float:
+def slowest_median_ms(fn, repeats: int, busy: dict | None = None, key: str = "") -> float:
     """fn timed `repeats` times after one warm-up (connections, buffers), each run started together by a
-    barrier: the slowest rank's median, in ms (every rank of the default group calls it)."""
+    barrier: the slowest rank's median, in ms (every rank of the default group calls it). busy: if given,
+    busy[key] gets the share of the machine's cpu time that was not idle over the timed runs (from
+    /proc/stat, which the lab's hosts share: all hosts' work)."""
     import torch
     import torch.distributed as dist
 
     fn()
     times = []
+    before = cpu_times()
     for _ in range(repeats):
         dist.barrier()
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
+    after = cpu_times()
+    if busy is not None and before and after:
+        total = sum(after) - sum(before)
+        idle = (after[3] + after[4]) - (before[3] + before[4])  # idle, iowait
+        busy[key] = 1 - idle / total if total > 0 else None
     worst = torch.tensor([statistics.median(times)], dtype=torch.float64)
     dist.all_reduce(worst, op=dist.ReduceOp.MAX)  # the slowest rank's median is the collective's time
     return worst.item() * 1e3
 
 
+def cpu_times() -> list[int] | None:
+    """The machine's cpu line of /proc/stat (user nice system idle iowait irq softirq steal), or None."""
+    try:
+        with open("/proc/stat") as f:
+            return [int(v) for v in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+
+
+def pct(share) -> str:
+    return "-" if share is None else f"{share:.0%}"
+
+
+def link_share(op: str, hosts: int) -> float:
+    """The share of the whole buffer that ringzero's (hierarchical) algorithm sends over one host's link
+    each way: all_reduce 2(H-1)/H, reduce_scatter and all_gather (H-1)/H."""
+    return (2 if op == "all_reduce" else 1) * (hosts - 1) / hosts
+
+
 def link_bound_ms(op: str, nbytes: int, hosts: int, rate_gbit: float) -> float:
     """What one host's link must carry each way for ringzero's (hierarchical) algorithm, over the rate."""
-    share = (2 if op == "all_reduce" else 1) * (hosts - 1) / hosts
-    return share * nbytes * 8 / (rate_gbit * 1e9) * 1e3
+    return link_share(op, hosts) * nbytes * 8 / (rate_gbit * 1e9) * 1e3
 
 
-def calibrated_intra_gbps(nbytes: int, in_host_ms: float, local: int) -> float:
-    """The in-host link speed that makes the alpha-beta ring reduce-scatter + all-gather (2 (L-1)/L of the
-    buffer per rank, latency neglected) take the measured in_host_ms."""
-    return 2 * (local - 1) / local * nbytes * 8 / (in_host_ms * 1e-3) / 1e9
+def calibrated_intra_gbps(op: str, nbytes: int, in_host_ms: float, local: int) -> float:
+    """The in-host link speed that makes the alpha-beta ring model of the op's in-host steps (all_reduce:
+    reduce-scatter + all-gather, 2 (L-1)/L of the buffer per rank; reduce_scatter, all_gather: (L-1)/L;
+    latency neglected) take the measured in_host_ms."""
+    return (2 if op == "all_reduce" else 1) * (local - 1) / local * nbytes * 8 / (in_host_ms * 1e-3) / 1e9
 
 
 TCP_GOODPUT = 1448 / 1514
@@ -129,12 +196,13 @@ def predicted_ms(op: str, nbytes: int, rate_gbit: float, intra_gbps: float, late
     not the link, set the rate, and the model takes it as the host's (Cluster.host_bytes_per_s)."""
     import dataclasses
 
-    from ringzero.comm.transports import PIPELINE_SEGMENT_BYTES
+    from ringzero.comm.transports import pipeline_segment_bytes
     from ringzero.estimate.network import GroupShape, collective_times, custom_cluster
 
     cluster = custom_cluster(intra_gbps, rate_gbit * TCP_GOODPUT, latency_us, gpus_per_node=local, nics_per_node=1)
     cores = link_gbps / 8 * 1e9 if link_gbps < 0.9 * rate_gbit * TCP_GOODPUT else None
-    cluster = dataclasses.replace(cluster, pipeline_segment_bytes=PIPELINE_SEGMENT_BYTES, host_bytes_per_s=cores)
+    cluster = dataclasses.replace(cluster, pipeline_segment_bytes=pipeline_segment_bytes(nbytes),
+                                  host_bytes_per_s=cores)
     times = collective_times(op, nbytes, GroupShape(hosts * local, hosts, local), cluster)
     return {k: v * 1e3 for k, v in times.items()}
 
@@ -180,10 +248,17 @@ def main():
     p.add_argument("--latency-us", type=float, default=100.0, help="the estimate's step latency")
     p.add_argument("--train", action="store_true", help="also the training row: tokens/s of `ringzero train` "
                    "ddp and zero2 against torch DDP and FSDP2 on gloo, on the same hosts")
+    p.add_argument("--smallest-segment-mib", type=float, default=None,
+                   help="the pipelined collectives' smallest segment (comm/transports.py "
+                        "PIPELINE_SMALLEST_SEGMENT_BYTES; 4 gives the fixed 4 MiB segments used before 2026-11-27)")
     p.add_argument("--rank", metavar="OUT", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.rank:
-        return rank_main(args.rank, args.sizes_mib, args.repeats, args.ops)
+        return rank_main(args.rank, args.sizes_mib, args.repeats, args.ops, args.smallest_segment_mib)
+    if args.smallest_segment_mib:  # the estimate's segments too
+        from ringzero.comm import transports
+
+        transports.PIPELINE_SMALLEST_SEGMENT_BYTES = int(args.smallest_segment_mib * (1 << 20))
     import hostlab
 
     H, L = args.hosts, args.ranks_per_host
@@ -194,6 +269,8 @@ def main():
                 tempfile.TemporaryDirectory() as out:
             argv = [os.path.abspath(__file__), "--rank", out, "--repeats", str(args.repeats), "--sizes-mib",
                     *map(str, args.sizes_mib), "--ops", *args.ops]
+            if args.smallest_segment_mib:
+                argv += ["--smallest-segment-mib", str(args.smallest_segment_mib)]
             runs = lab.run([L] * H, argv, {"RINGZERO_TIMEOUT_S": "300"}, timeout_s=900)
             bad = [r for r in runs if r.returncode != 0]
             if bad:
@@ -205,19 +282,15 @@ def main():
         print(f"\nlink {rate:g} Gbit/s per host and direction (tbf burst {lab.burst_bytes} B)" if rate else
               "\nunshaped veth (what the CPUs can move)")
         print(f"{'op':<14} | {'MiB':>4} | {'ringzero':>8} | {'bound':>6} | {'of bound':>8} | {'est':>6} | "
-              f"{'ms/est':>6} | {'gloo ms':>7} | {'gloo/rz':>7} | {'flat ms':>7} | {'in-host':>7} | {'link Gb/s':>9} | load")
+              f"{'ms/est':>6} | {'gloo ms':>7} | {'gloo/rz':>7} | {'flat ms':>7} | {'in-host':>7} | {'cross':>7} | {'link Gb/s':>9} | {'cpu busy rz/in/cross/link':>25} | load")
         for row in rows:
             op, nbytes = row["op"], row["bytes"]
             bound = link_bound_ms(op, nbytes, H, rate) if rate and (hier or L == 1) else None  # L=1: the flat ring is it
             est = None
-            if rate and "in host" in row:
-                intra = args.intra_gbps or calibrated_intra_gbps(nbytes, row["in host"], L)
-                row["intra"] = intra
-            intra = args.intra_gbps or next((r["intra"] for r in rows if r["bytes"] == nbytes and "intra" in r), None)
+            intra = args.intra_gbps or (row.get("in host") and calibrated_intra_gbps(op, nbytes, row["in host"], L))
             if L == 1:  # no in-host step: any in-host link faster than the network leaves the flat ring to it
                 intra = 1e3
-            link = next((r["link"] for r in rows if r["bytes"] == nbytes and "link" in r), None)
-            link_gbps = link and 2 * (H - 1) / H * nbytes * 8 / (link * 1e-3) / 1e9
+            link_gbps = link_share(op, H) * nbytes * 8 / (row["link"] * 1e-3) / 1e9
             if rate and intra and link_gbps:
                 est = predicted_ms(op, nbytes, rate, intra, args.latency_us, H, L, link_gbps).get(
                     "hierarchical" if hier else "ring")
@@ -226,7 +299,9 @@ def main():
                   f"{cell(bound and bound / row['ringzero'], 8, '{:.0%}')} | {cell(est, 6)} | "
                   f"{cell(est and row['ringzero'] / est, 6, '{:.2f}')} | {row['gloo']:>7.1f} | "
                   f"{row['gloo'] / row['ringzero']:>6.2f}x | {cell(row.get('flat ring'), 7)} | "
-                  f"{cell(row.get('in host'), 7)} | {cell(link_gbps, 9, '{:.2f}')} | {row['load']:.2f}")
+                  f"{cell(row.get('in host'), 7)} | {cell(row.get('cross'), 7)} | {cell(link_gbps, 9, '{:.2f}')} | "
+                  f"{'/'.join(pct(row['busy'].get(k)) for k in ('ringzero', 'in host', 'cross', 'link')):>25} | "
+                  f"{row['load']:.2f}")
 
         if trained:
             print(f"\ntraining, {' '.join(TRAIN_ARGS)}, {H} hosts x {L} ranks, link {rate:g} Gbit/s")

@@ -82,7 +82,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("mode", choices=["collectives", "fault"])
     parser.add_argument("--out", required=True)
-    parser.add_argument("--mib", type=float, default=4, help="fault: the all-reduce's size")
+    parser.add_argument("--mib", type=float, default=1, help="fault: the all-reduce's size")
     args = parser.parse_args()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()

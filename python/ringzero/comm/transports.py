@@ -200,13 +200,15 @@ class Hierarchical(NetworkRing):
     def segment_numel(self, x: torch.Tensor) -> int:
         """Elements per segment of the pipelined all-reduce for x, or 0 where x is too small to cut in
         PIPELINE_MIN_SEGMENTS segments of PIPELINE_SEGMENT_BYTES (the one-shot path is faster there)."""
-        per = max(self.local_world, PIPELINE_SEGMENT_BYTES // x.element_size() // self.local_world * self.local_world)
+        seg = pipeline_segment_bytes(x.numel() * x.element_size())
+        per = max(self.local_world, seg // x.element_size() // self.local_world * self.local_world)
         return per if x.numel() >= PIPELINE_MIN_SEGMENTS * per else 0
 
     def block_segment_numel(self, whole: torch.Tensor) -> int:
         """Elements of each rank's block per segment of the pipelined reduce-scatter and all-gather, whose
         whole buffer (their input, their output) is `whole`; 0 where it is too small (the flat ring)."""
-        per = max(1, PIPELINE_SEGMENT_BYTES // whole.element_size() // self.world)
+        seg = pipeline_segment_bytes(whole.numel() * whole.element_size())
+        per = max(1, seg // whole.element_size() // self.world)
         return per if whole.numel() >= PIPELINE_MIN_SEGMENTS * per * self.world else 0
 
     def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, op: ReduceOp):
@@ -295,14 +297,25 @@ class Hierarchical(NetworkRing):
             self._worker = None
 
 
-# [Note: the pipelined hierarchical all-reduce] segments of 4 MiB, from 2 segments up: at 16 MiB over
-# 2 lab hosts x 2 ranks at 1 Gbit/s the in-host steps took 20 ms of 166 when they ran before and after
-# the cross-host ring; cut in segments they overlap it and only one segment's pair stays exposed
-# (benchmarks/RESULTS.md, issue 36).
+# [Note: the pipelined hierarchical all-reduce] segments of half the buffer, at least 1 MiB and at most
+# 4 MiB, from 2 segments up (so from 2 MiB): at 16 MiB over 2 lab hosts x 2 ranks at 1 Gbit/s the
+# in-host steps took 20 ms of 166 when they ran before and after the cross-host ring; cut in segments
+# they overlap it and only one segment's pair stays exposed. At 4 MiB, two 2 MiB segments took the
+# collectives from 65-78% of the link bound to 97-106% at 1 Gbit/s; aiming at 4 segments instead of 2 cost
+# 20-35% at 8 MiB and 10 Gbit/s, where the cores, not the link, set the time and each segment costs a
+# hand-off (benchmarks/RESULTS.md, issue 36).
 PIPELINE_SEGMENT_BYTES = 4 << 20
 PIPELINE_MIN_SEGMENTS = 2
+PIPELINE_SMALLEST_SEGMENT_BYTES = 1 << 20
+PIPELINE_TARGET_SEGMENTS = 2
 PIPELINE_TAG_BASE = 1 << 20
 """gloo tags of the pipeline's segments: PIPELINE_TAG_BASE + segment index (the rings' other calls use tag 0)."""
+
+
+def pipeline_segment_bytes(nbytes: int) -> int:
+    """The segment of a pipelined collective on an nbytes buffer ([Note: the pipelined hierarchical all-reduce]):
+    nbytes / PIPELINE_TARGET_SEGMENTS, at least PIPELINE_SMALLEST_SEGMENT_BYTES, at most PIPELINE_SEGMENT_BYTES."""
+    return min(PIPELINE_SEGMENT_BYTES, max(PIPELINE_SMALLEST_SEGMENT_BYTES, nbytes // PIPELINE_TARGET_SEGMENTS))
 
 
 __all__ = ["RunningCall", "Solo", "SharedMemory", "NetworkRing", "Hierarchical", "split_avg"]
