@@ -12,13 +12,14 @@
 //                 MPICH's single copy for large messages on Linux) in chunks of 4 MiB;
 //   staged        ringzero's schedule (csrc/core/shm_collectives.cpp, ShmComm::all_gather, on one L3):
 //                 slices of one slot through two shared slots per rank, the own block copied out of the
-//                 own slot while the peer stages, the peer's out of its slot, streaming stores for the
-//                 output, one synchronisation per slice.
+//                 own slot while the peer stages, the peer's out of its slot, one synchronisation per
+//                 slice; the output written with streaming stores (ringzero's from 16 MiB per rank in)
+//                 or with memcpy (below that).
 // The cache-line round trip between the two cpus is measured before and after (45-130 ns: one last-level
 // cache; 350-400 ns: two), since which one the host gives decides what an all-gather this large costs.
 //
 //   gcc -O2 -march=native -pthread benchmarks/all_gather_model.c -o /tmp/all_gather_model   (x86-64, AVX-512)
-//   /tmp/all_gather_model [iters=30] [slot_kib=256] [cpus=0,1]
+//   /tmp/all_gather_model [iters=30] [slot_kib=256] [cpus=0,1] [out_mib=64]
 //
 // Every arm's output is checked against the expected bytes before it is timed (exit status 1 if wrong).
 #define _GNU_SOURCE
@@ -34,11 +35,11 @@
 #include <unistd.h>
 #include <time.h>
 
-enum { WRITE, FLOOR, SINGLE, CMA, STAGED, NARMS };
+enum { WRITE, FLOOR, SINGLE, CMA, STAGED, STAGED_CACHED, NARMS };
 static const char* kName[NARMS] = {"write only", "floor: read once, write both", "single copy",
-                                  "kernel copy (CMA)", "staged (ringzero)"};
+                                  "kernel copy (CMA)", "staged, streaming output", "staged, cached output"};
 
-static const size_t kOut = 64ul << 20, kIn = 32ul << 20;
+static size_t kOut = 64ul << 20, kIn = 32ul << 20;
 static size_t kSlot = 256ul << 10;
 static const size_t kCmaChunk = 4ul << 20;
 static int iters = 30, cpu[2] = {0, 1};
@@ -68,6 +69,7 @@ static void pin(int c) {
 static void stream_copy(char* d, const char* s, size_t n) {
   for (size_t i = 0; i < n; i += 64) _mm512_stream_si512((__m512i*)(d + i), _mm512_load_si512((const void*)(s + i)));
 }
+static void cached_copy(char* d, const char* s, size_t n) { memcpy(d, s, n); }
 static void stream_copy2(char* d1, char* d2, const char* s, size_t n) {
   for (size_t i = 0; i < n; i += 64) {
     const __m512i v = _mm512_load_si512((const void*)(s + i));
@@ -84,16 +86,16 @@ static inline void wait_ge(atomic_ulong* a, uint64_t v) {
   while (atomic_load_explicit(a, memory_order_acquire) < v) _mm_pause();
 }
 
-static void staged(int me) {
+static void staged(int me, int stream) {
   const int peer = 1 - me;
   for (size_t off = 0; off < kIn; off += kSlot) {
     const uint64_t k = slice_no[me]++;
     if (k >= 2) wait_ge(&done_reading[peer].v, k - 1);  // the peer has read slice k - 2's slot
     memcpy(slot(me, k), in[me] + off, kSlot);
     atomic_store_explicit(&sig[me].v, ++phase[me], memory_order_release);
-    stream_copy(out[me] + me * kIn + off, slot(me, k), kSlot);
+    (stream ? stream_copy : cached_copy)(out[me] + me * kIn + off, slot(me, k), kSlot);
     wait_ge(&sig[peer].v, phase[me]);
-    stream_copy(out[me] + peer * kIn + off, slot(peer, k), kSlot);
+    (stream ? stream_copy : cached_copy)(out[me] + peer * kIn + off, slot(peer, k), kSlot);
     _mm_sfence();
     atomic_store_explicit(&done_reading[me].v, k + 1, memory_order_release);
   }
@@ -118,7 +120,8 @@ static void run(int me, int arm) {
         }
       }
       break;
-    case STAGED: staged(me); break;
+    case STAGED: staged(me, 1); break;
+    case STAGED_CACHED: staged(me, 0); break;
   }
   _mm_sfence();
 }
@@ -201,8 +204,9 @@ int main(int argc, char** argv) {
   if (argc > 1) iters = atoi(argv[1]);
   if (argc > 2) kSlot = (size_t)atoi(argv[2]) << 10;
   if (argc > 3 && sscanf(argv[3], "%d,%d", &cpu[0], &cpu[1]) != 2) return 2;
-  if (iters < 1 || iters > 1024 || kSlot < 4096 || kIn % kSlot != 0) {
-    fprintf(stderr, "iters in 1..1024, slot_kib a power of two >= 4\n");
+  if (argc > 4) kOut = (size_t)atoi(argv[4]) << 20, kIn = kOut / 2;
+  if (iters < 1 || iters > 1024 || kSlot < 4096 || kIn == 0 || kIn % kSlot != 0) {
+    fprintf(stderr, "iters in 1..1024, slot_kib a power of two >= 4, out_mib a multiple of 2 slots\n");
     return 2;
   }
   slots = aligned_alloc(4096, 4 * kSlot);
