@@ -177,7 +177,6 @@ class ShmComm {
   double timeout_s_;
   std::vector<int> group_ranks_;
   std::vector<int> all_ranks_;  // 0..nranks-1
-  std::vector<int> pids_;
   uint64_t phase_ = 0;  // phases this rank has signalled
   uint64_t slice_ = 0;  // slices this rank has started
   uint64_t seq_ = 0;    // collectives this rank has started
