@@ -70,7 +70,6 @@ def test_driver_adds_rounds_until_enough_ran_on_the_same_placement(monkeypatch, 
         return run(1e-6 if impl == "ringzero" else 2e-6, *next(placements))
 
     monkeypatch.setattr(anchor, "run_job", fake_job)
-    monkeypatch.setattr(anchor, "round_trip_ns", lambda: None)
     out = tmp_path / "a"
     anchor.main(["--rounds", "1", "--same-placement-rounds", "2", "--impls", "openmpi", "--ops", "all_reduce",
                  "--sizes", "4K", "--settle-s", "0", "--out", str(out)])

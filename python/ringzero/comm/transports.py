@@ -199,7 +199,7 @@ class Hierarchical(NetworkRing):
 
     def segment_numel(self, x: torch.Tensor) -> int:
         """Elements per segment of the pipelined all-reduce for x, or 0 where x is too small to cut in
-        PIPELINE_MIN_SEGMENTS segments of PIPELINE_SEGMENT_BYTES (the one-shot path is faster there)."""
+        PIPELINE_MIN_SEGMENTS segments of pipeline_segment_bytes (the one-shot path is faster there)."""
         seg = pipeline_segment_bytes(x.numel() * x.element_size())
         per = max(self.local_world, seg // x.element_size() // self.local_world * self.local_world)
         return per if x.numel() >= PIPELINE_MIN_SEGMENTS * per else 0
@@ -301,7 +301,7 @@ class Hierarchical(NetworkRing):
 # 4 MiB, from 2 segments up (so from 2 MiB): at 16 MiB over 2 lab hosts x 2 ranks at 1 Gbit/s the
 # in-host steps took 20 ms of 166 when they ran before and after the cross-host ring; cut in segments
 # they overlap it and only one segment's pair stays exposed. At 4 MiB, two 2 MiB segments took the
-# collectives from 65-78% of the link bound to 97-106% at 1 Gbit/s; aiming at 4 segments instead of 2 cost
+# collectives at 1 Gbit/s from 64-86% of the link bound to 97-114%; aiming at 4 segments instead of 2 cost
 # 20-35% at 8 MiB and 10 Gbit/s, where the cores, not the link, set the time and each segment costs a
 # hand-off (benchmarks/RESULTS.md, issue 36).
 PIPELINE_SEGMENT_BYTES = 4 << 20
