@@ -22,5 +22,5 @@ def test_soak_bounded(hosts):
     results = run_ranks(4, soak_body, steps, 90.0, 7, env=env, timeout_s=400)
     for r in results:
         assert r["collectives"] >= 300, results
-        assert r["rss_growth_bytes"] < 64 << 20, results  # allocator noise, not a leak per call
+        assert r["rss_growth_bytes"] < 16 << 20, results  # trimmed RSS grows 0.3-0.6 MiB (soak.py _rss_bytes)
         assert r["fd_growth"] == 0, results
