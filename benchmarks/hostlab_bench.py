@@ -25,17 +25,13 @@ OPS = ("all_reduce", "reduce_scatter", "all_gather")
 SLICE_NUMEL = (1 << 20) // 4  # the bare link's messages: the rings' default 1 MiB slices
 
 
-def rank_main(out: str, sizes_mib: list[float], repeats: int, ops: list[str], smallest_segment_mib: float | None):
+def rank_main(out: str, sizes_mib: list[float], repeats: int, ops: list[str]):
     """Times each op on float32 buffers of each size (the whole buffer: all-reduce's tensor, reduce-scatter's
     input, all-gather's output); rank 0 writes the slowest rank's medians (ms)."""
     import torch
     import torch.distributed as dist
 
     import ringzero
-    from ringzero.comm import transports
-
-    if smallest_segment_mib:  # an A/B of the pipeline's segments (4: every segment 4 MiB, as before 2026-11-27)
-        transports.PIPELINE_SMALLEST_SEGMENT_BYTES = int(smallest_segment_mib * (1 << 20))
 
     dist.init_process_group("gloo")
     comm = ringzero.get_communicator(dist.group.WORLD)
@@ -253,12 +249,12 @@ def main():
                         "PIPELINE_SMALLEST_SEGMENT_BYTES; 4 gives the fixed 4 MiB segments used before 2026-11-27)")
     p.add_argument("--rank", metavar="OUT", help=argparse.SUPPRESS)
     args = p.parse_args()
-    if args.rank:
-        return rank_main(args.rank, args.sizes_mib, args.repeats, args.ops, args.smallest_segment_mib)
-    if args.smallest_segment_mib:  # the estimate's segments too
+    if args.smallest_segment_mib:  # an A/B of the pipeline's segments, in the ranks and in the estimate
         from ringzero.comm import transports
 
         transports.PIPELINE_SMALLEST_SEGMENT_BYTES = int(args.smallest_segment_mib * (1 << 20))
+    if args.rank:
+        return rank_main(args.rank, args.sizes_mib, args.repeats, args.ops)
     import hostlab
 
     H, L = args.hosts, args.ranks_per_host
