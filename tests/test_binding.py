@@ -102,8 +102,10 @@ import json, os, sys
 import torch, torch.distributed as dist
 import ringzero
 
-path, backend, user_mask = sys.argv[1], sys.argv[2], sys.argv[3]
+path, backend, user_mask, ranks_per_host = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 rank = int(os.environ["RANK"])
+if ranks_per_host:  # hosts of one machine (as network namespaces are): host h holds ranks h*n .. h*n+n-1
+    os.environ["RINGZERO_HOST_ID"] = f"host-{rank // ranks_per_host}"
 if user_mask:  # the user binds each rank before init: rank r to the r-th comma-separated set
     os.sched_setaffinity(0, {int(c) for c in user_mask.split(";")[rank].split(",")})
 dist.init_process_group(backend)
@@ -126,13 +128,13 @@ dist.destroy_process_group()
 """
 
 
-def _torchrun(tmp_path, nproc, backend, env_extra=None, user_mask=""):
+def _torchrun(tmp_path, nproc, backend, env_extra=None, user_mask="", ranks_per_host=0):
     script = tmp_path / "torchrun_probe.py"
     script.write_text(_TORCHRUN_SCRIPT)
     env = {k: v for k, v in os.environ.items() if k != "RINGZERO_BIND_CORES"}
     env.update({"OMP_NUM_THREADS": "2", **(env_extra or {})})
     out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-                          str(script), str(tmp_path / "row"), backend, user_mask],
+                          str(script), str(tmp_path / "row"), backend, user_mask, str(ranks_per_host)],
                          env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     return [json.loads((tmp_path / f"row.{r}").read_text()) for r in range(nproc)]
@@ -177,3 +179,14 @@ def test_torchrun_more_ranks_than_cpus_are_not_bound(tmp_path):
     nproc = len(CPUS) + 1
     rows = _torchrun(tmp_path, nproc, "gloo")
     assert [row["cpus"] for row in rows] == [CPUS] * nproc
+
+
+@needs_two_cpus
+def test_torchrun_hosts_of_one_machine_share_out_its_cpus(tmp_path):
+    # Two hosts of two ranks each on one kernel (RINGZERO_HOST_ID per rank, as namespaced hosts): the four
+    # ranks share the machine's cpus out among themselves, so no two hosts' ranks are bound to one core;
+    # with fewer cpus than the four, nobody is bound. Reference: core_share over the four ranks.
+    rows = _torchrun(tmp_path, 4, "gloo", ranks_per_host=2)
+    assert all(row["sum"] == [4.0] * 3 for row in rows)
+    want = [core_share(CPUS, r, 4) or CPUS for r in range(4)]
+    assert [row["cpus"] for row in rows] == want, rows

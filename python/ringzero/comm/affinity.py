@@ -13,12 +13,16 @@ import os
 import torch
 
 # [Note: binding at setup] A rank is bound at the first HostGroup of a group that spans the whole job
-# (a subgroup's local ranks are not all of the host's), once per process, when it is safe:
+# (a subgroup's local ranks are not all of the host's), once per process, when it is safe. The cpus are
+# shared out among the job's ranks on this machine (one kernel: the same boot id), not only this host's:
+# hosts that are network namespaces or containers of one machine share its cores, and binding each such
+# host's ranks apart put every host's local rank 0 on one core (the lab's 2 hosts x 2 ranks on 2 cores at
+# 10 Gbit/s: the 64 MiB all-reduce 1.2x slower bound that way than unbound; RESULTS.md, issue 36). Binding happens when:
 #   - RINGZERO_BIND_CORES is not 0;
-#   - every local rank reports the same affinity mask: nobody bound them (ringzero's launcher,
+#   - every one of them reports the same affinity mask: nobody bound them (ringzero's launcher,
 #     `taskset` per rank or a launcher's NUMA binding give different masks, and are left alone);
 #     a mask the whole job inherited (taskset around torchrun) is shared out like the machine's;
-#   - the mask has at least one cpu per local rank (otherwise the ranks must time-share anyway).
+#   - the mask has at least one cpu per rank of the job on the machine (otherwise they time-share anyway).
 # Every thread of the process is moved (gloo's and OpenMP's already exist), and torch's intra-op
 # threads are cut to the share when they exceed it, as the launcher does; none is ever raised.
 _bound_to: list[int] | None = None
@@ -53,7 +57,8 @@ def bind_process(cpus) -> None:
 def bind_at_setup(enabled: bool, whole_job: bool, local_index: int, local_masks: list[set[int]]) -> list[int] | None:
     """Binds this process to its core_share when [Note: binding at setup] says it is safe; returns the
     cpus it is bound to (also on later calls), or None when it left placement alone. `local_index` is
-    this rank's index among its host's ranks, `local_masks` their affinity masks in that order."""
+    this rank's index among the job's ranks on this machine, `local_masks` their affinity masks in that
+    order."""
     global _bound_to, _decided
     if _decided or not whole_job:
         return _bound_to

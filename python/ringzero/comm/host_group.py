@@ -16,7 +16,7 @@ import torch.distributed as dist
 from .affinity import bind_at_setup
 from .config import DEFAULT_TIMEOUT_S, Config, from_env
 from .errors import CommError, CommTimeout
-from .topology import Topology, host_id
+from .topology import Topology, boot_id, host_id
 
 
 class StoreRendezvous:
@@ -96,18 +96,20 @@ class HostGroup:
         self.rank, self.world, self.timeout_s = rank, world, timeout_s
         self.rendezvous = StoreRendezvous(store, rank, timeout_s, label)
         cpus = ",".join(map(str, sorted(os.sched_getaffinity(0))))
-        infos = [v.decode().rsplit("|", 2) for v in
-                 self.rendezvous.exchange("host", f"{host_id(config.host_id)}|{os.getpid()}|{cpus}", list(range(world)))]
-        self.topology = Topology.from_host_ids(rank, [host for host, _, _ in infos])
+        me = f"{host_id(config.host_id)}|{boot_id() or host_id(config.host_id)}|{os.getpid()}|{cpus}"
+        infos = [v.decode().rsplit("|", 3) for v in self.rendezvous.exchange("host", me, list(range(world)))]
+        self.topology = Topology.from_host_ids(rank, [host for host, _, _, _ in infos])
+        mask = lambda r: {int(c) for c in infos[r][3].split(",") if c}  # noqa: E731
         # The cpus this host's ranks may run on, together: whether each can have a core of its own
         # (ShmComm.set_host_cpus) does not show in one rank's affinity once a launcher has bound them.
-        local = self.topology.local_ranks
-        masks = [{int(c) for c in infos[r][2].split(",") if c} for r in local]
-        self.local_cpus = len(set().union(*masks))
-        # A group spanning the job holds all of this host's ranks; none is set up while the default
-        # group is still being made (the c10d backend's own setup), which spans the job too.
+        self.local_cpus = len(set().union(*(mask(r) for r in self.topology.local_ranks)))
+        # A group spanning the job holds all of this machine's ranks; none is set up while the default
+        # group is still being made (the c10d backend's own setup), which spans the job too. The cores
+        # are shared out among the job's ranks on this machine (one kernel), which are more than this
+        # host's where hosts are network namespaces or containers of one machine ([Note: binding at setup]).
         whole_job = not dist.is_initialized() or world == dist.get_world_size()
-        self.bound_cpus = bind_at_setup(config.bind_cores, whole_job, local.index(rank), masks)
+        machine = [r for r in range(world) if infos[r][1] == infos[rank][1]]
+        self.bound_cpus = bind_at_setup(config.bind_cores, whole_job, machine.index(rank), [mask(r) for r in machine])
 
     def share_segment(self, key: str, create, open_):
         """A shared-memory object of this host's ranks (topology.local_ranks): the first of them calls

@@ -11,16 +11,22 @@ import os
 import socket
 
 
+def boot_id() -> str:
+    """The running kernel's boot id ('' where it cannot be read): the same for every process of one machine,
+    across network, UTS and mount namespaces and containers, and whatever RINGZERO_HOST_ID says."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
 def host_id(forced: str = "") -> str:
     """This process's host identity: `forced` (RINGZERO_HOST_ID, through Config.host_id) if not empty, else
     `<hostname>:<boot id>:<device of /dev/shm>` ([Note: host identity])."""
     if forced:
         return forced
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
-    except OSError:
-        boot = ""
+    boot = boot_id()
     try:
         shm_device = f"{os.stat(SHM_DIR).st_dev:x}"
     except OSError:
