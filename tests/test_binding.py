@@ -120,7 +120,8 @@ for tid in os.listdir("/proc/self/task"):
     except (OSError, StopIteration):
         pass
 row = {"after_init": after_init, "cpus": sorted(os.sched_getaffinity(0)), "threads": threads,
-       "torch_threads": torch.get_num_threads(), "sum": x.tolist()}
+       "torch_threads": torch.get_num_threads(), "sum": x.tolist(),
+       "spin": ringzero.get_communicator(dist.group.WORLD).shm.spin}
 with open(f"{path}.{rank}", "w") as f:
     json.dump(row, f)
 ringzero.destroy_communicators()
@@ -190,3 +191,5 @@ def test_torchrun_hosts_of_one_machine_share_out_its_cpus(tmp_path):
     assert all(row["sum"] == [4.0] * 3 for row in rows)
     want = [core_share(CPUS, r, 4) or CPUS for r in range(4)]
     assert [row["cpus"] for row in rows] == want, rows
+    # Their shared-memory waits spin only if all four ranks of the machine can have a cpu each.
+    assert [row["spin"] for row in rows] == [len(CPUS) >= 4] * 4, rows

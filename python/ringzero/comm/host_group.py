@@ -100,15 +100,19 @@ class HostGroup:
         infos = [v.decode().rsplit("|", 3) for v in self.rendezvous.exchange("host", me, list(range(world)))]
         self.topology = Topology.from_host_ids(rank, [host for host, _, _, _ in infos])
         mask = lambda r: {int(c) for c in infos[r][3].split(",") if c}  # noqa: E731
-        # The cpus this host's ranks may run on, together: whether each can have a core of its own
-        # (ShmComm.set_host_cpus) does not show in one rank's affinity once a launcher has bound them.
-        self.local_cpus = len(set().union(*(mask(r) for r in self.topology.local_ranks)))
+        cpus_of = lambda ranks: len(set().union(*(mask(r) for r in ranks)))  # noqa: E731
+        # The group's ranks on this machine (one kernel): more than this host's where hosts are network
+        # namespaces or containers of one machine, which then share its cores.
+        machine = [r for r in range(world) if infos[r][1] == infos[rank][1]]
+        local = self.topology.local_ranks
+        # The cpus this host's ranks may run on, together (their share of them where other hosts' ranks of
+        # the group run on the same ones): whether each can have a core of its own (ShmComm.set_host_cpus)
+        # does not show in one rank's affinity once a launcher has bound them.
+        self.local_cpus = min(cpus_of(local), cpus_of(machine) * len(local) // len(machine))
         # A group spanning the job holds all of this machine's ranks; none is set up while the default
         # group is still being made (the c10d backend's own setup), which spans the job too. The cores
-        # are shared out among the job's ranks on this machine (one kernel), which are more than this
-        # host's where hosts are network namespaces or containers of one machine ([Note: binding at setup]).
+        # are shared out among the job's ranks on the machine ([Note: binding at setup]).
         whole_job = not dist.is_initialized() or world == dist.get_world_size()
-        machine = [r for r in range(world) if infos[r][1] == infos[rank][1]]
         self.bound_cpus = bind_at_setup(config.bind_cores, whole_job, machine.index(rank), [mask(r) for r in machine])
 
     def share_segment(self, key: str, create, open_):
