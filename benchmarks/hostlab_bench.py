@@ -7,6 +7,13 @@ The link bound is the bytes each host's link must carry each way for ringzero's 
 rate: hierarchical all-reduce 2(H-1)/H of the tensor, reduce-scatter and all-gather (H-1)/H of the
 whole buffer (input, output); with H hosts. "of bound" is the bound over the time.
 
+The estimate is calibrated from the op's own parts, each run alone in the same repeats as the whole
+(the ways take turns): "in-host" (its shared-memory steps, with a cross-host step that does nothing),
+"cross" (its cross-host steps, with in-host steps that do nothing), "staging" (neither: the pipeline's
+own copies, held by both of the others) and "link" (bare gloo point-to-point moving the op's cross-host
+bytes). Where the cross-host steps move under 90% of the TCP goodput, the cores set the time: [Note:
+where the cores set the time] in ringzero/estimate/network.py.
+
 Run as root: nice -n 19 python benchmarks/hostlab_bench.py [--rates-gbit 1 10] [--sizes-mib 16 64]
 [--hosts 2] [--ranks-per-host 2]. It prints one table per link rate with the load average; the per-rank
 part (--rank) is what torchrun starts on each host.
@@ -45,9 +52,11 @@ def rank_main(out: str, sizes_mib: list[float], repeats: int, ops: list[str]):
     shm = comm.shm
     nothing = lambda *a: None  # noqa: E731
 
-    def in_host(op, x, piece):
+    def in_host(op, x, piece, shm=shm):
         """The op's in-host steps alone, as the pipelined collective runs them (comm/hierarchical.py) with a
-        cross-host step that does nothing: what calibrates the estimate's in-host link for this op."""
+        cross-host step that does nothing: what calibrates the estimate's in-host link for this op. With
+        shm=NoHostStep(): only the pipeline's own staging (its copies and buffers), which the in-host and
+        the cross-host runs both hold."""
         from ringzero.comm import hierarchical as hier
 
         rs = lambda staged, part: shm.reduce_scatter(staged, part, int(ringzero.ReduceOp.SUM))  # noqa: E731
@@ -108,12 +117,12 @@ def rank_main(out: str, sizes_mib: list[float], repeats: int, ops: list[str]):
             if comm.hierarchical and transport.segment_numel(x) and transport.block_segment_numel(x):
                 ways[op]["in host"] = lambda op=op: in_host(op, x, piece)
                 ways[op]["cross"] = lambda op=op: cross(op, x, piece)
+                ways[op]["staging"] = lambda op=op: in_host(op, x, piece, NoHostStep())
             ways[op]["link"] = lambda op=op: link(op, x)
         for op in ops:
             row = {"op": op, "bytes": x.numel() * 4}
-            busy = row["busy"] = {}
-            for name, fn in ways[op].items():
-                row[name] = slowest_median_ms(fn, repeats, busy, name)
+            row["busy"] = {}
+            row.update(slowest_medians_ms(ways[op], repeats, row["busy"]))
             row["load"] = os.getloadavg()[0]
             rows.append(row)
     if dist.get_rank() == 0:
@@ -122,30 +131,42 @@ def rank_main(out: str, sizes_mib: list[float], repeats: int, ops: list[str]):
     dist.destroy_process_group()
 
 
-def slowest_median_ms(fn, repeats: int, busy: dict | None = None, key: str = "") -> float:
+def slowest_median_ms(fn, repeats: int) -> float:
     """fn timed `repeats` times after one warm-up (connections, buffers), each run started together by a
-    barrier: the slowest rank's median, in ms (every rank of the default group calls it). busy: if given,
-    busy[key] gets the share of the machine's cpu time that was not idle over the timed runs (from
-    /proc/stat, which the lab's hosts share: all hosts' work)."""
+    barrier: the slowest rank's median, in ms (every rank of the default group calls it)."""
+    return slowest_medians_ms({"fn": fn}, repeats)["fn"]
+
+
+def slowest_medians_ms(ways: dict, repeats: int, busy: dict | None = None) -> dict:
+    """Each of `ways` (name -> fn) timed `repeats` times after one warm-up each, the ways taking turns within
+    every repeat (so that a slow spell of the machine falls on all of them, not on one), each run started
+    together by a barrier: name -> the slowest rank's median, in ms (every rank of the default group calls
+    it). busy: if given, busy[name] gets the share of the machine's cpu time that was not idle over that
+    way's timed runs (from /proc/stat, which the lab's hosts share: all hosts' work)."""
     import torch
     import torch.distributed as dist
 
-    fn()
-    times = []
-    before = cpu_times()
-    for _ in range(repeats):
-        dist.barrier()
-        t0 = time.perf_counter()
+    for fn in ways.values():
         fn()
-        times.append(time.perf_counter() - t0)
-    after = cpu_times()
-    if busy is not None and before and after:
-        total = sum(after) - sum(before)
-        idle = (after[3] + after[4]) - (before[3] + before[4])  # idle, iowait
-        busy[key] = 1 - idle / total if total > 0 else None
-    worst = torch.tensor([statistics.median(times)], dtype=torch.float64)
+    times = {name: [] for name in ways}
+    spent = {name: [0, 0] for name in ways}  # jiffies: all, idle
+    for _ in range(repeats):
+        for name, fn in ways.items():
+            dist.barrier()
+            before = cpu_times()
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+            after = cpu_times()
+            if before and after:
+                spent[name][0] += sum(after) - sum(before)
+                spent[name][1] += (after[3] + after[4]) - (before[3] + before[4])  # idle, iowait
+    if busy is not None:
+        for name, (total, idle) in spent.items():
+            busy[name] = 1 - idle / total if total > 0 else None
+    worst = torch.tensor([statistics.median(times[name]) for name in ways], dtype=torch.float64)
     dist.all_reduce(worst, op=dist.ReduceOp.MAX)  # the slowest rank's median is the collective's time
-    return worst.item() * 1e3
+    return {name: v * 1e3 for name, v in zip(ways, worst.tolist())}
 
 
 def cpu_times() -> list[int] | None:
@@ -185,18 +206,21 @@ is what tbf counts): the share of the shaped rate that carries data (gloo's flat
 
 
 def predicted_ms(op: str, nbytes: int, rate_gbit: float, intra_gbps: float, latency_us: float, hosts: int,
-                 local: int, link_gbps: float) -> dict:
+                 local: int, link_gbps: float, cores_gbps: float | None = None) -> dict:
     """`ringzero estimate`'s times for the lab: the link at its TCP goodput, one NIC per host, the hierarchical
     steps pipelined over ringzero's segments (comm/transports.py). link_gbps: what the bare link moved
-    (gloo point-to-point, both ways at once); where that is under 90% of the goodput the host's cores,
-    not the link, set the rate, and the model takes it as the host's (Cluster.host_bytes_per_s)."""
+    (gloo point-to-point, both ways at once); cores_gbps (default link_gbps): what the op's own cross-host
+    steps moved, alone. Where that is under 90% of the goodput the host's cores, not the link, set the
+    rate, and the model takes it as the host's (Cluster.host_bytes_per_s): [Note: where the cores set
+    the time]."""
     import dataclasses
 
     from ringzero.comm.transports import pipeline_segment_bytes
     from ringzero.estimate.network import GroupShape, collective_times, custom_cluster
 
     cluster = custom_cluster(intra_gbps, rate_gbit * TCP_GOODPUT, latency_us, gpus_per_node=local, nics_per_node=1)
-    cores = link_gbps / 8 * 1e9 if link_gbps < 0.9 * rate_gbit * TCP_GOODPUT else None
+    cross_gbps = cores_gbps or link_gbps
+    cores = cross_gbps / 8 * 1e9 if cross_gbps < 0.9 * rate_gbit * TCP_GOODPUT else None
     cluster = dataclasses.replace(cluster, pipeline_segment_bytes=pipeline_segment_bytes(nbytes),
                                   host_bytes_per_s=cores)
     times = collective_times(op, nbytes, GroupShape(hosts * local, hosts, local), cluster)
@@ -278,7 +302,8 @@ def main():
         print(f"\nlink {rate:g} Gbit/s per host and direction (tbf burst {lab.burst_bytes} B)" if rate else
               "\nunshaped veth (what the CPUs can move)")
         print(f"{'op':<14} | {'MiB':>4} | {'ringzero':>8} | {'bound':>6} | {'of bound':>8} | {'est':>6} | "
-              f"{'ms/est':>6} | {'gloo ms':>7} | {'gloo/rz':>7} | {'flat ms':>7} | {'in-host':>7} | {'cross':>7} | {'link Gb/s':>9} | {'cpu busy rz/in/cross/link':>25} | load")
+              f"{'ms/est':>6} | {'gloo ms':>7} | {'gloo/rz':>7} | {'flat ms':>7} | {'in-host':>7} | {'cross':>7} | {'staging':>7} | "
+              f"{'link Gb/s':>9} | {'cpu busy rz/in/cross/link':>25} | load")
         for row in rows:
             op, nbytes = row["op"], row["bytes"]
             bound = link_bound_ms(op, nbytes, H, rate) if rate and (hier or L == 1) else None  # L=1: the flat ring is it
@@ -287,15 +312,18 @@ def main():
             if L == 1:  # no in-host step: any in-host link faster than the network leaves the flat ring to it
                 intra = 1e3
             link_gbps = link_share(op, H) * nbytes * 8 / (row["link"] * 1e-3) / 1e9
+            cross_only = row.get("cross") and row["cross"] - row["staging"]  # the staging is in "in host"
+            cores_gbps = cross_only and link_share(op, H) * nbytes * 8 / (cross_only * 1e-3) / 1e9
             if rate and intra and link_gbps:
-                est = predicted_ms(op, nbytes, rate, intra, args.latency_us, H, L, link_gbps).get(
+                est = predicted_ms(op, nbytes, rate, intra, args.latency_us, H, L, link_gbps, cores_gbps).get(
                     "hierarchical" if hier else "ring")
             cell = lambda v, w, f="{:.1f}": f"{f.format(v) if v is not None else '-':>{w}}"  # noqa: E731
             print(f"{op:<14} | {nbytes / (1 << 20):>4g} | {row['ringzero']:>8.1f} | {cell(bound, 6)} | "
                   f"{cell(bound and bound / row['ringzero'], 8, '{:.0%}')} | {cell(est, 6)} | "
                   f"{cell(est and row['ringzero'] / est, 6, '{:.2f}')} | {row['gloo']:>7.1f} | "
                   f"{row['gloo'] / row['ringzero']:>6.2f}x | {cell(row.get('flat ring'), 7)} | "
-                  f"{cell(row.get('in host'), 7)} | {cell(row.get('cross'), 7)} | {cell(link_gbps, 9, '{:.2f}')} | "
+                  f"{cell(row.get('in host'), 7)} | {cell(row.get('cross'), 7)} | {cell(row.get('staging'), 7)} | "
+                  f"{cell(link_gbps, 9, '{:.2f}')} | "
                   f"{'/'.join(pct(row['busy'].get(k)) for k in ('ringzero', 'in host', 'cross', 'link')):>25} | "
                   f"{row['load']:.2f}")
 

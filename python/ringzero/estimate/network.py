@@ -73,9 +73,10 @@ class Cluster:
     bytes of M (ringzero's CPU path across hosts, comm/transports.py); None: the steps run one after
     another."""
     host_bytes_per_s: float | None = None
-    """What a CPU host's cores can move through its network stack per direction, all its ranks together,
-    where that is less than its NICs (None: the NICs limit). Then the cores, not the link, set the
-    cross-node time, and the in-node steps, which need the same cores, no longer overlap it."""
+    """What a CPU host's cores can move of a collective's cross-node step per direction, all its ranks
+    together, where that is less than its NICs (None: the NICs limit). Then the cores, not the link, set
+    the cross-node time, and the in-node steps, which need the same cores, no longer overlap it ([Note:
+    where the cores set the time])."""
 
     @property
     def cores_bound(self) -> bool:
@@ -201,6 +202,14 @@ def _two_shot(nbytes: float, n: int, link: Link) -> float:
     return 2 * (link.latency_s + (n - 1) * nbytes / n / link.bytes_per_s)
 
 
+# [Note: where the cores set the time] A CPU host whose cores cannot drive its NICs (the lab's 2 cores
+# running 2 hosts x 2 ranks and both hosts' network stacks at 10 Gbit/s: a cross-host step alone moves 5-7
+# of the 9.6 Gbit/s TCP goodput with the cores 79-100% busy) runs its in-host steps and its cross-host
+# steps on the same cores, so pipelining cannot overlap them: the time is their sum, the cross-host step
+# at host_bytes_per_s. That rate is what the cores move of that collective's own cross-host step (its
+# TCP traffic, its reductions, its posts), which is below what they move of bare point-to-point traffic:
+# a reduce-scatter's cross-host step took 1.3-1.5x the bare link's time for its bytes
+# (benchmarks/hostlab_bench.py measures both; RESULTS.md, issue 36).
 def _hierarchical(op: str, nbytes: float, shape: GroupShape, cluster: Cluster) -> float:
     inside, across = shape.local, shape.nodes
     if op == "all_reduce":
