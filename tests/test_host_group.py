@@ -74,3 +74,16 @@ def test_host_group_reads_config_and_topology_once():
     for rank, (forced, hosts, local, hierarchical, timeout_s) in enumerate(results):
         assert forced == "xy"[rank % 2] and hosts == {"x": [0, 2], "y": [1, 3]}
         assert local == ([0, 2] if rank % 2 == 0 else [1, 3]) and hierarchical and timeout_s == 7.0
+
+
+def test_host_group_takes_any_forced_host_id_where_the_boot_id_is_unknown(monkeypatch):
+    # One rank, a RINGZERO_HOST_ID with the exchange's separator in it, and no boot id (then each host
+    # counts as its own machine): the identity must come back whole. Reference: the id as given.
+    from ringzero.comm import host_group
+    from ringzero.comm.config import from_env
+
+    monkeypatch.setenv("RINGZERO_HOST_ID", "rack|7")
+    monkeypatch.setattr(host_group, "boot_id", lambda: "")
+    monkeypatch.setattr(host_group, "bind_at_setup", lambda *args: None)  # this process stays as it is
+    g = HostGroup.from_store(dist.HashStore(), 0, 1, from_env(), 5.0, "test")
+    assert g.topology.hosts == {"rack|7": [0]} and g.local_cpus >= 1
