@@ -313,7 +313,8 @@ def main():
                 intra = 1e3
             link_gbps = link_share(op, H) * nbytes * 8 / (row["link"] * 1e-3) / 1e9
             cross_only = row.get("cross") and row["cross"] - row["staging"]  # the staging is in "in host"
-            cores_gbps = cross_only and link_share(op, H) * nbytes * 8 / (cross_only * 1e-3) / 1e9
+            cores_gbps = link_share(op, H) * nbytes * 8 / (cross_only * 1e-3) / 1e9 if cross_only and cross_only > 0 \
+                else None  # none measured (or lost in the noise): the bare link's
             if rate and intra and link_gbps:
                 est = predicted_ms(op, nbytes, rate, intra, args.latency_us, H, L, link_gbps, cores_gbps).get(
                     "hierarchical" if hier else "ring")

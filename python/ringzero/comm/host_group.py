@@ -96,8 +96,9 @@ class HostGroup:
         self.rank, self.world, self.timeout_s = rank, world, timeout_s
         self.rendezvous = StoreRendezvous(store, rank, timeout_s, label)
         cpus = ",".join(map(str, sorted(os.sched_getaffinity(0))))
-        machine_id = boot_id() or host_id(config.host_id).encode().hex()  # unknown kernel: each host its own
-        me = f"{host_id(config.host_id)}|{machine_id}|{os.getpid()}|{cpus}"
+        host = host_id(config.host_id)
+        machine_id = boot_id() or host.encode().hex()  # unknown kernel: each host its own
+        me = f"{host}|{machine_id}|{os.getpid()}|{cpus}"
         infos = [v.decode().rsplit("|", 3) for v in self.rendezvous.exchange("host", me, list(range(world)))]
         self.topology = Topology.from_host_ids(rank, [host for host, _, _, _ in infos])
         mask = lambda r: {int(c) for c in infos[r][3].split(",") if c}  # noqa: E731
