@@ -17,8 +17,11 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(__file__))
-from cuda_util import check, make, reference  # noqa: E402
 from harness import run_ranks  # noqa: E402
+
+# cuda_util is imported in the ranks, never here: its torch.cuda.is_available() would mark this parent's
+# CUDA as initialised, and every rank forked after it would fail with "Cannot re-initialize CUDA in
+# forked subprocess" (seen on the H200, 2026-11-28).
 
 SMALL = {"RINGZERO_CUDA_BUFFER_BYTES": str(256 << 10), "RINGZERO_CUDA_RING_CHANNELS": "2",
          "RINGZERO_CUDA_MAX_BLOCKS": "4", "RINGZERO_TIMEOUT_S": "120"}
@@ -35,6 +38,7 @@ TRAIN_ATOL = 5e-3
 
 def ops(rank, world):
     import ringzero
+    from cuda_util import check, make, reference
     from ringzero.comm import torch_compat
 
     torch.cuda.set_device(0)

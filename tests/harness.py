@@ -22,6 +22,10 @@ def _entry(rank, world, store_path, fn, args, env, out):
         import torch
         import torch.distributed as dist
 
+        if torch.cuda._is_in_bad_fork():
+            raise RuntimeError("the parent touched CUDA before forking the ranks (torch.cuda.is_available() and "
+                               "device_count() count), so no rank can use CUDA: run_ranks from a fresh interpreter "
+                               "that imports nothing that asks torch about CUDA (tests/cuda_util.py does)")
         torch.set_num_threads(1)
         dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world)
         try:
