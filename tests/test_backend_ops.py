@@ -77,33 +77,68 @@ def data_movement(rank, world, g, dtype, n):
     check_equal(buf, ref, f"broadcast {dtype} n={n}")
 
 
-def coalesced_and_special(rank, world, g):
-    xs = [make(rank, n, torch.float32, salt=n) for n in (5, 300, 1)]
+def coalesced_forms(rank, world, g, device=None):
+    """The three coalesced forms through _coalescing_manager. Without device= torch hands the captured
+    ops to the *_coalesced entry points; with it, torch also brackets them with the backend's
+    startCoalescing() and waits on the Work endCoalescing() returns instead of theirs ([Note:
+    coalescing], backend.h), so that Work must cover them."""
+    where = {} if device is None else {"device": device}
+    tag = f", device={device}" if device is not None else ""
+    xs = [make(rank, n, torch.float32, salt=n) for n in (5, 300, 1, 1031)]
     wants = [gloo_reference(x, ringzero.ReduceOp.SUM, world) for x in xs]
-    with dist._coalescing_manager(group=g):
+    with dist._coalescing_manager(group=g, **where):
         for x in xs:
             dist.all_reduce(x, group=g)
     for x, w in zip(xs, wants):
-        check_equal(x, w, "coalesced all_reduce")
+        check_equal(x, w, "coalesced all_reduce" + tag)
 
     ins = [make(rank, n, torch.int32, salt=n) for n in (3, 700)]
     outs = [torch.empty(i.numel() * world, dtype=torch.int32) for i in ins]
-    with dist._coalescing_manager(group=g, async_ops=True) as cm:
+    with dist._coalescing_manager(group=g, async_ops=True, **where) as cm:
         for o, i in zip(outs, ins):
             torch_compat.all_gather_single(o, i, group=g)
+    if device is not None:  # the end Work's future: every part's outputs
+        assert len(cm.works) == 1 and len(cm.works[0].get_future().wait()) == 2, cm.works
     cm.wait()
     for o, i in zip(outs, ins):
         check_equal(o, torch.cat([make(q, i.numel(), torch.int32, salt=i.numel()) for q in range(world)]),
-                    "coalesced all_gather_into_tensor")
+                    "coalesced all_gather_into_tensor" + tag)
 
     bigs = [make(rank, n * world, torch.float64, salt=n) for n in (2, 600)]
     outs = [torch.empty(b.numel() // world, dtype=torch.float64) for b in bigs]
-    with dist._coalescing_manager(group=g):
+    with dist._coalescing_manager(group=g, **where):
         for o, b in zip(outs, bigs):
             torch_compat.reduce_scatter_single(o, b, op=dist.ReduceOp.MAX, group=g)
     for o, b in zip(outs, bigs):
         k = o.numel()
-        check_equal(o, gloo_reference(b, ringzero.ReduceOp.MAX, world)[rank * k:(rank + 1) * k], "coalesced reduce_scatter")
+        check_equal(o, gloo_reference(b, ringzero.ReduceOp.MAX, world)[rank * k:(rank + 1) * k],
+                    "coalesced reduce_scatter" + tag)
+    if device is None:
+        return
+
+    # An op torch does not capture runs at once inside the manager; the end Work covers it too (one
+    # handed to gloo likewise: fallbacks()).
+    buf = make(rank, 1031, torch.int64, salt=9) if rank == 0 else torch.zeros(1031, dtype=torch.int64)
+    with dist._coalescing_manager(group=g, async_ops=True, **where) as cm:
+        dist.broadcast(buf, src=0, group=g, async_op=True)
+    cm.wait()
+    check_equal(buf, make(0, 1031, torch.int64, salt=9), "broadcast inside a coalescing manager")
+
+    # An empty bracket gives a completed Work; nesting and an end without a start say what is wrong.
+    with dist._coalescing_manager(group=g, async_ops=True, **where) as cm:
+        pass
+    assert cm.works[0].is_completed() and cm.works[0].get_future().wait() == []
+    g._start_coalescing(device)
+    with pytest.raises(RuntimeError, match="cannot nest"):
+        g._start_coalescing(device)
+    g._end_coalescing(device).wait()
+    with pytest.raises(RuntimeError, match="without startCoalescing"):
+        g._end_coalescing(device)
+
+
+def coalesced_and_special(rank, world, g):
+    coalesced_forms(rank, world, g)
+    coalesced_forms(rank, world, g, torch.device("cpu"))
 
     # PREMUL_SUM (FSDP2 uses it with gradient_divide_factor): gloo SUM of the premultiplied input.
     x = make(rank, 999, torch.float32)
@@ -161,6 +196,11 @@ def fallbacks(rank, world, g):
     dist.all_reduce(want, op=dist.ReduceOp.BAND)
     dist.all_reduce(got, op=dist.ReduceOp.BAND, group=g)
     check_equal(got, want, "all_reduce BAND")
+    got = bits.clone()  # inside _coalescing_manager(device=...), the end Work covers gloo's Work too
+    with dist._coalescing_manager(group=g, device=torch.device("cpu"), async_ops=True) as cm:
+        dist.all_reduce(got, op=dist.ReduceOp.BAND, group=g, async_op=True)
+    cm.wait()
+    check_equal(got, want, "all_reduce BAND inside a coalescing manager")
 
     if world > 1:  # a tag other than 0 is the inner backend's
         right, left = (rank + 1) % world, (rank - 1) % world
@@ -170,7 +210,8 @@ def fallbacks(rank, world, g):
         for w in works:
             w.wait()
         check_equal(recv, torch.full((5,), float(left)), "tagged send/recv ring")
-    return {"alltoall_base", "gather", "scatter", "allreduce"} | ({"send", "recv"} if world > 1 else set())
+    return ({"alltoall_base", "gather", "scatter", "allreduce", "allreduce_coalesced"} |
+            ({"send", "recv"} if world > 1 else set()))
 
 
 def point_to_point(rank, world, g):

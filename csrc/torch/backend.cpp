@@ -256,7 +256,33 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::enqueue_on(SerialExecutor& execu
     }
     work->complete(error);
   });
+  return track(work);
+}
+
+c10::intrusive_ptr<c10d::Work> RingzeroBackend::track(c10::intrusive_ptr<c10d::Work> work) {
+  std::lock_guard<std::mutex> lock(coalesce_mu_);
+  if (coalescing_) coalesced_.push_back(work);
   return work;
+}
+
+void RingzeroBackend::startCoalescing() {
+  std::lock_guard<std::mutex> lock(coalesce_mu_);
+  TORCH_CHECK(!coalescing_, "ringzero: startCoalescing() called again before endCoalescing(); coalescing "
+              "managers of one group cannot nest (end the first one before starting another)");
+  coalescing_ = true;
+  coalesced_.clear();
+}
+
+c10::intrusive_ptr<c10d::Work> RingzeroBackend::endCoalescing() {
+  std::vector<c10::intrusive_ptr<c10d::Work>> parts;
+  {
+    std::lock_guard<std::mutex> lock(coalesce_mu_);
+    TORCH_CHECK(coalescing_, "ringzero: endCoalescing() called without startCoalescing(); use "
+                "torch.distributed._coalescing_manager, which calls both");
+    coalescing_ = false;
+    parts.swap(coalesced_);
+  }
+  return c10::make_intrusive<CoalescedWork>(getRank(), std::move(parts));
 }
 
 c10::intrusive_ptr<c10d::Work> RingzeroBackend::enqueue(c10d::OpType type, std::vector<at::Tensor> outputs,
@@ -291,39 +317,41 @@ const at::Tensor& first(const std::vector<std::vector<at::Tensor>>& ts, const ch
 
 c10::intrusive_ptr<c10d::Work> RingzeroBackend::allreduce_sparse(std::vector<at::Tensor>& tensors,
                                                                  const c10d::AllreduceOptions& opts) {
-  return route(first(tensors, "allreduce_sparse").device(), "allreduce_sparse", false)->allreduce_sparse(tensors, opts);
+  auto* inner = route(first(tensors, "allreduce_sparse").device(), "allreduce_sparse", false);
+  return track(inner->allreduce_sparse(tensors, opts));
 }
 
 c10::intrusive_ptr<c10d::Work> RingzeroBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                                                     std::vector<at::Tensor>& inputs,
                                                                     const c10d::AllgatherOptions& opts) {
-  return route(first(inputs, "allgather_coalesced").device(), "allgather_coalesced", false)
-      ->allgather_coalesced(outputs, inputs, opts);
+  return track(route(first(inputs, "allgather_coalesced").device(), "allgather_coalesced", false)
+      ->allgather_coalesced(outputs, inputs, opts));
 }
 
 c10::intrusive_ptr<c10d::Work> RingzeroBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                        std::vector<at::Tensor>& inputs,
                                                        const c10d::GatherOptions& opts) {
-  return route(first(inputs, "gather").device(), "gather", false)->gather(outputs, inputs, opts);
+  return track(route(first(inputs, "gather").device(), "gather", false)->gather(outputs, inputs, opts));
 }
 
 c10::intrusive_ptr<c10d::Work> RingzeroBackend::scatter(std::vector<at::Tensor>& outputs,
                                                         std::vector<std::vector<at::Tensor>>& inputs,
                                                         const c10d::ScatterOptions& opts) {
-  return route(first(outputs, "scatter").device(), "scatter", false)->scatter(outputs, inputs, opts);
+  return track(route(first(outputs, "scatter").device(), "scatter", false)->scatter(outputs, inputs, opts));
 }
 
 c10::intrusive_ptr<c10d::Work> RingzeroBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
                                                               std::vector<int64_t>& output_splits,
                                                               std::vector<int64_t>& input_splits,
                                                               const c10d::AllToAllOptions& opts) {
-  return route(output.device(), "alltoall_base", false)->alltoall_base(output, input, output_splits, input_splits, opts);
+  auto* inner = route(output.device(), "alltoall_base", false);
+  return track(inner->alltoall_base(output, input, output_splits, input_splits, opts));
 }
 
 c10::intrusive_ptr<c10d::Work> RingzeroBackend::alltoall(std::vector<at::Tensor>& outputs,
                                                          std::vector<at::Tensor>& inputs,
                                                          const c10d::AllToAllOptions& opts) {
-  return route(first(outputs, "alltoall").device(), "alltoall", false)->alltoall(outputs, inputs, opts);
+  return track(route(first(outputs, "alltoall").device(), "alltoall", false)->alltoall(outputs, inputs, opts));
 }
 
 void RingzeroBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {

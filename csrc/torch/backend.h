@@ -100,6 +100,17 @@ class RingzeroBackend : public c10d::Backend {
                                           const c10d::AllToAllOptions& opts) override;
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override;
 
+  // [Note: coalescing] torch's _coalescing_manager(group, device=...) (the form NCCL users write, and
+  // batch_isend_irecv on a backend that says it supports coalescing) calls startCoalescing() before its
+  // ops and waits on the Work endCoalescing() returns instead of theirs. Without device= torch hands
+  // the captured ops to the *_coalesced entry points and never calls these. Here every op issued in
+  // between, ours or the inner backend's, runs as it would outside (in issue order, on its own queue)
+  // and the returned CoalescedWork covers them all. supportsCoalescing() stays false: batch_isend_irecv
+  // then issues each send and recv on its own, which our per-peer channels need (a send may wait for
+  // its receiver). Bracketing twice, or ending without a start, is an error that says so.
+  void startCoalescing() override;
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override;
+
   void setSequenceNumberForGroup() override {}
   uint64_t getSequenceNumberForGroup() override { return seq_; }
   void shutdown() override;
@@ -110,6 +121,9 @@ class RingzeroBackend : public c10d::Backend {
   // `collective`: every rank calls it, so it may set up the CUDA lane (send/recv pass false).
   c10d::Backend* route(const at::Device& device, const char* op, bool native_ok, bool collective = true);
   void count(bool native, c10::DeviceType device_type, const char* op);
+  // Every Work an op returns passes here: between startCoalescing() and endCoalescing() it is kept
+  // for the CoalescedWork.
+  c10::intrusive_ptr<c10d::Work> track(c10::intrusive_ptr<c10d::Work> work);
   // The CUDA lane on `device`, set up at the first CUDA collective when `may_set_up`; null when this
   // group has no CUDA path. Throws if the setup failed or `device` is not the lane's.
   CudaLane* cuda_lane(const at::Device& device, const char* op, bool may_set_up);
@@ -158,6 +172,9 @@ class RingzeroBackend : public c10d::Backend {
   // r's receive thread never read one channel at once; the any-source side re-checks under the lock.
   std::unique_ptr<std::atomic<int>[]> pending_recvs_;  // per source rank: recv() queued, not finished
   std::unique_ptr<std::mutex[]> recv_locks_;           // per source rank
+  std::mutex coalesce_mu_;
+  bool coalescing_ = false;                                // between startCoalescing() and endCoalescing()
+  std::vector<c10::intrusive_ptr<c10d::Work>> coalesced_;  // the Works issued meanwhile, in order
   SerialExecutor any_source_executor_;
 };
 

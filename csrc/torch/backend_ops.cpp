@@ -162,7 +162,7 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::submit(const at::Device& device,
   if (device.is_cuda()) {  // route() set the lane up; the kernels' timeout is RINGZERO_TIMEOUT_S
     std::vector<at::Tensor> used = outputs;
     used.insert(used.end(), inputs.begin(), inputs.end());
-    return cuda_->launch(type, std::move(outputs), used, ++seq_, [body](CudaComm& c) { body(c); });
+    return track(cuda_->launch(type, std::move(outputs), used, ++seq_, [body](CudaComm& c) { body(c); }));
   }
   return enqueue(type, std::move(outputs), timeout, [body](ShmComm& c) { body(c); });
 }
@@ -171,7 +171,7 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::allreduce(std::vector<at::Tensor
                                                           const c10d::AllreduceOptions& opts) {
   const at::Tensor& t = single(tensors, "allreduce");
   const Reduction red = reduction(opts.reduceOp, tensors, "allreduce");
-  if (auto* inner = route(t.device(), "allreduce", red.native_on(t))) return inner->allreduce(tensors, opts);
+  if (auto* inner = route(t.device(), "allreduce", red.native_on(t))) return track(inner->allreduce(tensors, opts));
   const AllReduceAlgo algo = config_.all_reduce_algo;
   return submit(t.device(), c10d::OpType::ALLREDUCE, {t}, {}, opts.timeout, [t, red, algo](auto& c) {
     at::Tensor buf = red.stage(t);
@@ -185,7 +185,7 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::allreduce_coalesced(std::vector<
   TORCH_CHECK_VALUE(!tensors.empty(), "ringzero allreduce_coalesced: tensors must not be empty");
   const Reduction red = reduction(opts.reduceOp, tensors, "allreduce_coalesced");
   if (auto* inner = route(tensors[0].device(), "allreduce_coalesced", red.native_on(tensors[0])))
-    return inner->allreduce_coalesced(tensors, opts);
+    return track(inner->allreduce_coalesced(tensors, opts));
   const AllReduceAlgo algo = config_.all_reduce_algo;
   // One collective over the concatenation: one synchronisation for many small tensors.
   return submit(tensors[0].device(), c10d::OpType::ALLREDUCE_COALESCED, tensors, {}, opts.timeout,
@@ -205,7 +205,7 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::reduce(std::vector<at::Tensor>& 
                     " is outside the group of size ", getSize());
   TORCH_CHECK_VALUE(opts.rootTensor == 0, "ringzero reduce: rootTensor must be 0 (one tensor per rank)");
   const Reduction red = reduction(opts.reduceOp, tensors, "reduce");
-  if (auto* inner = route(t.device(), "reduce", red.native_on(t))) return inner->reduce(tensors, opts);
+  if (auto* inner = route(t.device(), "reduce", red.native_on(t))) return track(inner->reduce(tensors, opts));
   const int root = static_cast<int>(opts.rootRank);
   return submit(t.device(), c10d::OpType::REDUCE, {t}, {}, opts.timeout, [t, red, root](auto& c) {
     at::Tensor buf = red.stage(t);
@@ -220,7 +220,7 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::broadcast(std::vector<at::Tensor
   TORCH_CHECK_VALUE(opts.rootRank >= 0 && opts.rootRank < getSize(), "ringzero broadcast: root rank ",
                     opts.rootRank, " is outside the group of size ", getSize());
   TORCH_CHECK_VALUE(opts.rootTensor == 0, "ringzero broadcast: rootTensor must be 0 (one tensor per rank)");
-  if (auto* inner = route(t.device(), "broadcast", dense(t))) return inner->broadcast(tensors, opts);
+  if (auto* inner = route(t.device(), "broadcast", dense(t))) return track(inner->broadcast(tensors, opts));
   const int root = static_cast<int>(opts.rootRank);
   return submit(t.device(), c10d::OpType::BROADCAST, {t}, {}, opts.timeout, [t, root](auto& c) {
     at::Tensor buf = t.contiguous();
@@ -237,7 +237,7 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::_allgather_base(at::Tensor& outp
                     output.numel(), " elements but must have world_size * input.numel() = ", getSize(), " * ",
                     input.numel());
   if (auto* inner = route(input.device(), "all_gather_into_tensor", movable(input) && dense(output)))
-    return inner->_allgather_base(output, input, opts);
+    return track(inner->_allgather_base(output, input, opts));
   return submit(input.device(), c10d::OpType::_ALLGATHER_BASE, {output}, {input}, opts.timeout,
                 [output, input](auto& c) { all_gather_one(c, input, output); });
 }
@@ -256,7 +256,7 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::allgather_into_tensor_coalesced(
     ok = ok && movable(inputs[i]) && dense(outputs[i]);
   }
   if (auto* inner = route(inputs[0].device(), "allgather_into_tensor_coalesced", ok))
-    return inner->allgather_into_tensor_coalesced(outputs, inputs, opts);
+    return track(inner->allgather_into_tensor_coalesced(outputs, inputs, opts));
   return submit(inputs[0].device(), c10d::OpType::COALESCED, outputs, inputs, opts.timeout, [outputs, inputs](auto& c) {
     for (size_t i = 0; i < inputs.size(); ++i) all_gather_one(c, inputs[i], outputs[i]);
   });
@@ -280,7 +280,7 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::allgather(std::vector<std::vecto
   const bool even = std::all_of(counts.begin(), counts.end(), [&](size_t n) { return n == counts[0]; });
   // Uneven sizes are the inner backend's on CUDA (the CUDA lane has no all_gather_v).
   if (auto* inner = route(input.device(), "all_gather", ok && (even || !input.is_cuda())))
-    return inner->allgather(outputs, inputs, opts);
+    return track(inner->allgather(outputs, inputs, opts));
   const std::vector<at::Tensor> outs = outputs[0];
   return submit(input.device(), c10d::OpType::ALLGATHER, outs, {input}, opts.timeout, [outs, input, counts, even](auto& c) {
     const Elements e = movement(input);
@@ -306,7 +306,7 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::_reduce_scatter_base(at::Tensor&
                     output.numel());
   const Reduction red = reduction(opts.reduceOp, {input}, "reduce_scatter_tensor");
   if (auto* inner = route(input.device(), "reduce_scatter_tensor", red.native_on(input) && dense(output)))
-    return inner->_reduce_scatter_base(output, input, opts);
+    return track(inner->_reduce_scatter_base(output, input, opts));
   return submit(input.device(), c10d::OpType::_REDUCE_SCATTER_BASE, {output}, {input}, opts.timeout,
                 [output, input, red](auto& c) { reduce_scatter_one(c, red, input, output); });
 }
@@ -325,7 +325,7 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::reduce_scatter_tensor_coalesced(
   bool ok = red.native_on(inputs[0]);
   for (const auto& o : outputs) ok = ok && dense(o);
   if (auto* inner = route(inputs[0].device(), "reduce_scatter_tensor_coalesced", ok))
-    return inner->reduce_scatter_tensor_coalesced(outputs, inputs, opts);
+    return track(inner->reduce_scatter_tensor_coalesced(outputs, inputs, opts));
   return submit(inputs[0].device(), torch_compat::kReduceScatterTensorCoalesced, outputs, inputs, opts.timeout,
                 [outputs, inputs, red](auto& c) {
                    for (size_t i = 0; i < inputs.size(); ++i) reduce_scatter_one(c, red, inputs[i], outputs[i]);
@@ -345,7 +345,7 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::reduce_scatter(std::vector<at::T
   for (const auto& i : ins) even = even && i.numel() == output.numel();
   // Uneven blocks are the inner backend's (our reduce-scatter takes equal blocks).
   if (auto* inner = route(output.device(), "reduce_scatter", red.native_on(output) && even))
-    return inner->reduce_scatter(outputs, inputs, opts);
+    return track(inner->reduce_scatter(outputs, inputs, opts));
   return submit(output.device(), c10d::OpType::REDUCE_SCATTER, {output}, ins, opts.timeout, [output, ins, red](auto& c) {
     std::vector<at::Tensor> staged;
     for (const auto& i : ins) staged.push_back(red.premul ? red.stage(i) : i);
@@ -361,7 +361,7 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::send(std::vector<at::Tensor>& te
                     " must be another rank of the group (size ", getSize(), ")");
   // CUDA tensors: NCCL's (our CUDA path has no point-to-point channel yet).
   if (auto* inner = route(t.device(), "send", t.is_cpu() && p2p_ && tag == 0 && dense(t), false))
-    return inner->send(tensors, dst, tag);
+    return track(inner->send(tensors, dst, tag));
   const double timeout_s = config_.timeout_s;
   return enqueue_on(peer_executor(true, dst), c10d::OpType::SEND, {t}, [this, t, dst, timeout_s] {
     at::Tensor buf = t.contiguous();
@@ -374,7 +374,7 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::recv(std::vector<at::Tensor>& te
   TORCH_CHECK_VALUE(src >= 0 && src < getSize() && src != getRank(), "ringzero recv: src ", src,
                     " must be another rank of the group (size ", getSize(), ")");
   if (auto* inner = route(t.device(), "recv", t.is_cpu() && p2p_ && tag == 0 && dense(t), false))
-    return inner->recv(tensors, src, tag);
+    return track(inner->recv(tensors, src, tag));
   const double timeout_s = config_.timeout_s;
   pending_recvs_[src].fetch_add(1);
   try {
@@ -402,7 +402,7 @@ void RingzeroBackend::recv_from(const at::Tensor& buf, int src, double timeout_s
 c10::intrusive_ptr<c10d::Work> RingzeroBackend::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
   const at::Tensor& t = single(tensors, "recv (any source)");
   if (auto* inner = route(t.device(), "recvAnysource", t.is_cpu() && p2p_ && tag == 0 && dense(t), false))
-    return inner->recvAnysource(tensors, tag);
+    return track(inner->recvAnysource(tensors, tag));
   const double timeout_s = config_.timeout_s;
   return enqueue_on(any_source_executor_, c10d::OpType::RECVANYSOURCE, {t}, [this, t, timeout_s](RingzeroWork& work) {
     at::Tensor buf = writable(t);
@@ -426,7 +426,7 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::recvAnysource(std::vector<at::Te
 // dist.barrier want). When the group has a CUDA lane, each rank first waits for its CUDA work queued so
 // far (the current stream's and the lane's), so that, as after NCCL's barrier, it has finished.
 c10::intrusive_ptr<c10d::Work> RingzeroBackend::barrier(const c10d::BarrierOptions& opts) {
-  if (auto* inner = route(at::Device(at::kCPU), "barrier", true)) return inner->barrier(opts);
+  if (auto* inner = route(at::Device(at::kCPU), "barrier", true)) return track(inner->barrier(opts));
   std::function<void()> cuda_done;
   {
     std::lock_guard<std::mutex> lock(cuda_mu_);

@@ -80,6 +80,105 @@ class RingzeroWork : public OutputsWork {
   std::atomic<int> source_rank_{-1};
 };
 
+// What endCoalescing() returns ([Note: coalescing] in backend.h): one Work over the ops issued between
+// startCoalescing() and endCoalescing(), ours and the inner backend's alike. Waiting waits for each in
+// issue order (a CUDA part's wait orders the current stream after it, as that part's own wait does);
+// its future completes with every part's output tensors once all parts have, or with the first error.
+// (A part's future here completes on the CPU side; the CUDA-aware stream hand-off of the parts' own
+// futures is not repeated for the combined one.)
+class CoalescedWork : public c10d::Work {
+ public:
+  CoalescedWork(int rank, std::vector<c10::intrusive_ptr<c10d::Work>> parts)
+      : c10d::Work(rank, c10d::OpType::COALESCED), parts_(std::move(parts)) {}
+
+  bool isCompleted() override {
+    for (auto& w : parts_) {
+      if (!w->isCompleted()) return false;
+    }
+    return true;
+  }
+  bool isSuccess() const override {
+    for (auto& w : parts_) {
+      if (w->exception()) return false;
+    }
+    return true;
+  }
+  std::exception_ptr exception() const override {
+    for (auto& w : parts_) {
+      if (auto e = w->exception()) return e;
+    }
+    return nullptr;
+  }
+  std::vector<at::Tensor> result() override {
+    std::vector<at::Tensor> all;
+    for (auto& w : parts_) {
+      auto r = w->result();
+      all.insert(all.end(), r.begin(), r.end());
+    }
+    return all;
+  }
+  void synchronize() override {
+    for (auto& w : parts_) w->synchronize();
+  }
+  bool wait(std::chrono::milliseconds timeout) override {
+    for (auto& w : parts_) w->wait(timeout);
+    return true;
+  }
+  uint64_t getSequencenumber() const override { return parts_.empty() ? 0 : parts_.back()->getSequencenumber(); }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
+    std::lock_guard<std::mutex> lock(future_mu_);
+    if (future_) return future_;
+    if (parts_.size() == 1) return future_ = parts_[0]->getFuture();
+    future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+    if (parts_.empty()) {
+      future_->markCompleted(c10::IValue(std::vector<at::Tensor>{}));
+      return future_;
+    }
+    // Counted by hand rather than with c10::collectAll, whose List of futures does not build against
+    // torch 2.10's headers.
+    struct Count {
+      std::mutex mu;
+      size_t left;
+      bool ended = false;
+    };
+    auto count = std::make_shared<Count>();
+    count->left = parts_.size();
+    auto result = future_;
+    auto parts = parts_;
+    for (auto& w : parts_) {
+      w->getFuture()->addCallback([count, result, parts](c10::ivalue::Future& part) {
+        std::exception_ptr error;
+        {
+          std::lock_guard<std::mutex> lock(count->mu);
+          if (count->ended) return;
+          if (part.hasError()) {
+            error = part.exception_ptr();
+          } else if (--count->left > 0) {
+            return;
+          }
+          count->ended = true;
+        }
+        if (error) {
+          result->setError(error);
+          return;
+        }
+        std::vector<at::Tensor> tensors;
+        for (auto& p : parts) {
+          auto r = p->result();
+          tensors.insert(tensors.end(), r.begin(), r.end());
+        }
+        result->markCompleted(c10::IValue(tensors));
+      });
+    }
+    return future_;
+  }
+
+ private:
+  std::vector<c10::intrusive_ptr<c10d::Work>> parts_;
+  std::mutex future_mu_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;  // made at the first getFuture()
+};
+
 // Runs submitted tasks one at a time, in submission order, on one lazily started thread. Every rank
 // submits the same collectives in the same order, so the shared-memory sequence stays matched.
 class SerialExecutor {
