@@ -3,9 +3,10 @@
 # torch has CUDA) for that GPU's own architecture, runs the C++ and Python GPU tests (the fuzz of every
 # collective on simulated ranks and over N processes, and the missing-peer timeout tests among them) and
 # the CUDA benchmarks, and writes everything under $OUT when set, else under benchmarks/results/.
-#   bash benchmarks/gpu_check.sh            # build, ctest, pytest, bench: 480 s budget (8 minutes)
+#   bash benchmarks/gpu_check.sh            # build, ctest, pytest, bench: 440 s budget (took 220 s on an H200)
 #   bash benchmarks/gpu_check.sh train      # ringzero train --device cuda --compare, 2 ranks on one GPU: a
-#                                           # second call (560 s budget, the build on a fresh machine counted)
+#                                           # second call (560 s budget, the build on a fresh machine counted;
+#                                           # took 308 s on an H200 without the build)
 #   bash benchmarks/gpu_check.sh compile    # stock DDP under torch.compile on "ringzero", 2 ranks on one GPU
 #                                           # (inductor compiles per rank): a third call, 560 s likewise
 #   bash benchmarks/gpu_check.sh plan [S]   # print the plan of step S (default all) and exit 0
@@ -15,10 +16,9 @@
 # The first lines printed are the plan: each step, its time limit, the total budget. A step runs under
 # its own limit, cut to what is left of the budget; a step the budget no longer covers is reported NOT
 # RUN and fails the run. The budget (GPU_CHECK_BUDGET_S overrides it) is the sum of the limits of the
-# steps that will run plus SETUP_S for the lines before the build. The limits were planned on
-# 2026-11-27 from build times measured on a 2-core machine without a GPU (benchmarks/RESULTS.md,
-# "gpu_check.sh time plan (2026-11-27)"); every step prints how long it took, so the next plan can use
-# the device's own numbers.
+# steps that will run plus SETUP_S for the lines before the build. The limits come from the first
+# device run (an H200, 2026-11-28: benchmarks/RESULTS.md, "gpu_check.sh on a device"); every step prints
+# how long it took, so each run can check the plan.
 # The build targets only the GPU's own architecture (nvidia-smi's compute capability, e.g. 9.0 -> sm_90,
 # through TORCH_CUDA_ARCH_LIST, which cmake/cuda.cmake honours); a TORCH_CUDA_ARCH_LIST already set wins,
 # and without nvidia-smi the build keeps the default (sm_80 and sm_90). The CPU grid (CI runs it) is not
@@ -39,23 +39,23 @@ want() {  # all: every step but train and compile; full: every step
   [ "$STEP" = full ] || [ "$STEP" = "$1" ] || { [ "$STEP" = all ] && [ "$1" != train ] && [ "$1" != compile ]; }
 }
 
-# ---- the time plan (seconds). Measured on 2 cores (RESULTS.md): the slowest file is 22-24 s of CPU
-# (csrc/cuda/ring.cu for one arch; csrc/torch/cuda_bindings.cpp and adam_bindings.cpp alike); the whole
-# build is about 200 s of CPU, so on 16 cores it takes about its slowest file plus configure and links,
-# 35-45 s; the limit allows 2.5x that (a slower core, a cold disk, the two-arch fallback). The other
-# limits come from the one GPU run so far (2026-11-22: ctest 10 s, tests/test_cuda.py 25 s) and from
-# what each step starts (processes importing torch), not from a measurement of the current code.
+# ---- the time plan (seconds). First planned on 2026-11-27 from build times on a 2-core machine; the
+# limits below come from the first run of this script on a device (an H200, 16 cores, 2026-11-28,
+# benchmarks/results/h200-2026-11-28): setup 5-6 s, build 43-46 s, ctest 40 s, pytest 100 s (5 of its
+# tests failing at start), bench 7 s, optim 13 s, kernel bench 1 s, train 104 s, train check 195 s. Each
+# limit is about 2x its measurement (the build's 2x plus the two-arch fallback), except where a step
+# starts many processes (pytest, the train check) or was never measured (compile: inductor compiles in
+# each rank).
 SETUP_S=20            # nvidia-smi, nvcc, one torch import: everything before step 1
 L_BUILD=100           # 1. configure + compile + link, the GPU's arch only
-L_CTEST=80            # 2. ctest: every test of build/gpu (the CPU grid is not built here: CI runs it);
-                      #    the fuzz's host reference alone took 15-20 s of the CPU grid's 37 s for 300 cases
+L_CTEST=80            # 2. ctest: every test of build/gpu (the CPU grid is not built here: CI runs it)
 L_PYTEST=160          # 3. pytest of the GPU test files (about 10 multi-process runs)
-L_BENCH=45            # 4. benchmarks/bench_cuda.py
-L_OPTIM=40            # 4b. benchmarks/optim.py --device cuda
-L_KBENCH=35           # 5. build/gpu/bench_cuda_kernels
+L_BENCH=30            # 4. benchmarks/bench_cuda.py
+L_OPTIM=30            # 4b. benchmarks/optim.py --device cuda
+L_KBENCH=20           # 5. build/gpu/bench_cuda_kernels
 L_COMPILE=440         # 3b. compiled stock DDP, 2 ranks (inductor compiles in each rank)
-L_TRAIN=230           # 6. ringzero train --compare, 9 strategies
-L_TRAINCHK=210        # 7. CUDA losses against the CPU run, and --resume
+L_TRAIN=170           # 6. ringzero train --compare, 9 strategies
+L_TRAINCHK=270        # 7. CUDA losses against the CPU run, and --resume
 
 BUILD_NEEDED=0
 if want build || [ ! -f build/gpu/test_cuda_fuzz ]; then BUILD_NEEDED=1; fi
@@ -91,9 +91,8 @@ print_plan() {
   for p in "${PLAN[@]}"; do printf '   %5s s  %s\n' "${p%%|*}" "${p#*|}"; done
   [ $BUILD_NEEDED = 1 ] || echo "   (no build: build/gpu already has one)"
   echo "   Each step's limit is cut to what is left of the budget; a step not reached is NOT RUN and fails the run."
-  echo "   Planned 2026-11-27 from build times measured on a 2-core machine without a GPU: slowest file 22-24 s"
-  echo "   (ring.cu for one arch), whole build about 200 s of CPU, so about 35-45 s on 16 cores; the test and"
-  echo "   benchmark limits are estimates (benchmarks/RESULTS.md, \"gpu_check.sh time plan (2026-11-27)\")."
+  echo "   Limits about 2x the steps' times on an H200 (2026-11-28): build 43-46 s, ctest 40, pytest 100, bench 7 + 13 + 1,"
+  echo "   train 104 + 195; compile never measured (benchmarks/RESULTS.md, \"gpu_check.sh on a device\")."
 }
 if [ $PLAN_ONLY = 1 ]; then print_plan; exit 0; fi
 
