@@ -4,7 +4,8 @@
 Copies the working tree to a temporary folder, checks that the unchanged kernels pass, then for each
 planted defect (a dropped release store, an acquire turned into a plain load, a dropped __syncthreads,
 an off-by-one in a block's last slice, an epoch not bumped, a ring credit one slot early, the issue-15
-per-slice partition, a dropped two-shot barrier, an unclaimed timeout record, a dropped Adam bias
+per-slice partition, a dropped two-shot barrier, an unclaimed timeout record, a 16-byte pack taken at
+8-byte alignment in the collectives and at half its alignment in Adam, a dropped Adam bias
 correction) rebuilds the CPU-grid tests and runs them: first the plain build (wrong values, a timeout,
 a crash), then, if that passed, the ThreadSanitizer build (a data race). Prints a table: every defect must be caught. Takes about 15
 minutes on 2 cores; not part of CI (docs/status.md: the table of its last run).
@@ -60,6 +61,14 @@ MUTANTS = [
      "if (atomicCAS(w.claim, 0u, 1u) != 0u) return;",
      "atomicCAS(w.claim, 0u, 1u);", 1, "timeout",
      "a wait that runs out writes the timeout record without claiming it first"),
+    ("pack-alignment-8", "csrc/cuda/device.cuh",
+     "size_t vec_len = (misalign % kPackBytes == 0) ? len / N * N : 0;",
+     "size_t vec_len = (misalign % 8 == 0) ? len / N * N : 0;", 1, "fuzz",
+     "the 16-byte packs taken wherever the buffers are 8-byte aligned (a view 8 bytes into its storage)"),
+    ("adam-alignment-half", "csrc/cuda/adam.cu",
+     "return p == nullptr || reinterpret_cast<uintptr_t>(p) % bytes == 0;",
+     "return p == nullptr || reinterpret_cast<uintptr_t>(p) % (bytes / 2) == 0;", 1, "adam",
+     "Adam: an operand taken as pack-aligned at half its pack's alignment"),
     ("adam-bias-correction", "csrc/cuda/adam.cu",
      "c.step_size = lr / (1.0f - powf(h.beta1, step));",
      "c.step_size = lr;", 1, "adam",

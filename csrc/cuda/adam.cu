@@ -148,11 +148,12 @@ __device__ void adam_chunk_scalar(const AdamLaunchTable& t, int k, size_t begin,
 template <class P, class G, class M>
 __device__ void adam_chunk_packed(const AdamLaunchTable& t, int k, size_t begin, size_t end, DType out_dtype,
                                   const AdamHostScalars& h, const StepCoeffs& c) {
-  Pack<P>* param = static_cast<Pack<P>*>(t.param[k]);
-  const Pack<G>* grad = static_cast<const Pack<G>*>(t.grad[k]);
-  Pack<M>* exp_avg = static_cast<Pack<M>*>(t.exp_avg[k]);
-  Pack<M>* exp_avg_sq = static_cast<Pack<M>*>(t.exp_avg_sq[k]);
+  Pack<P>* param = cuda::pack_base(static_cast<Pack<P>*>(t.param[k]));
+  const Pack<G>* grad = cuda::pack_base(static_cast<const Pack<G>*>(t.grad[k]));
+  Pack<M>* exp_avg = cuda::pack_base(static_cast<Pack<M>*>(t.exp_avg[k]));
+  Pack<M>* exp_avg_sq = cuda::pack_base(static_cast<Pack<M>*>(t.exp_avg_sq[k]));
   Pack<M>* vmax_buf = static_cast<Pack<M>*>(t.max_exp_avg_sq[k]);
+  if (vmax_buf) vmax_buf = cuda::pack_base(vmax_buf);
   for (size_t j = begin / kVec + threadIdx.x; j < end / kVec; j += blockDim.x) {
     Pack<P> p = param[j];
     const Pack<G> g = grad[j];

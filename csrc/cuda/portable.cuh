@@ -41,6 +41,11 @@ __device__ __forceinline__ uint64_t global_timer_ns() {
   return t;
 }
 
+// The base of an array read and written in whole packs (p[j] for Pack* p): the GPU faults on a pack
+// whose address is not a multiple of its alignment; the grid checks the base (every p[j] keeps its
+// alignment) and aborts at once.
+template <class T> __device__ __forceinline__ T* pack_base(T* p) { return p; }
+
 // Kernel<<<grid, block, 0, stream>>>(args...): the one launch form of layer 2.
 template <auto Kernel, class... Args>
 inline cudaError_t launch_kernel(dim3 grid, dim3 block, cudaStream_t stream, Args... args) {
@@ -65,6 +70,11 @@ inline uint32_t load_volatile(const uint32_t* p) {
 inline uint64_t global_timer_ns() {
   return static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count());
+}
+
+template <class T> inline T* pack_base(T* p) {
+  check_aligned_access(p, "a pack array");
+  return p;
 }
 
 template <auto Kernel, class... Args>

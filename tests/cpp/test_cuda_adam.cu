@@ -2,7 +2,8 @@
 // torch, against the CPU kernel of layer 1 (csrc/core/adam.h) on the same inputs: every dtype
 // combination the launcher accepts, sizes 0, 1, primes and chunk boundaries (kAdamChunkElems), more
 // tensors than one launch holds (kAdamTensorsPerLaunch), per-tensor steps, AMSGrad, a 16-bit copy of
-// the parameters, scalars from device memory, and a step skipped by found_inf. One step from the same
+// the parameters, scalars from device memory, a step skipped by found_inf, and operands that start 2, 4,
+// 8 or 12 bytes past an aligned address (torch views with a storage offset: the kernel's scalar path). One step from the same
 // state each time, so the bound is per step: the GPU computes the bias corrections in float32 (powf,
 // rsqrtf) where the CPU uses double, which moves a float32 result by a few ulp; a 16-bit result may
 // round the other way (1 ulp of its type). Runs on a GPU (gpu_check.sh) and on the CPU grid (CI).
@@ -54,19 +55,22 @@ struct Operand {
   std::vector<char> host;    // the CPU kernel's copy
   std::vector<char> before;  // the values before the step
   std::unique_ptr<DevBuf> dev;
-  Operand(DType dt, size_t count, std::mt19937& g, double scale, bool positive) : t(dt), n(count) {
+  size_t off;  // bytes from the aligned allocation to the operand, as a torch view's storage offset
+  Operand(DType dt, size_t count, std::mt19937& g, double scale, bool positive, size_t offset)
+      : t(dt), n(count), off(offset / dtype_size(dt) * dtype_size(dt)) {
     host.assign(n * dtype_size(t) + 8, 0);
     std::normal_distribution<double> nd;
     for (size_t i = 0; i < n; ++i) put(host, i, t, positive ? std::fabs(nd(g)) * scale : nd(g) * scale);
-    dev.reset(new DevBuf(n * dtype_size(t)));
-    dev->upload(host);
+    dev.reset(new DevBuf(n * dtype_size(t) + off));
+    CUDA_OK(cudaMemcpy(device(), host.data(), n * dtype_size(t), cudaMemcpyHostToDevice));
     before = host;
   }
+  void* device() const { return static_cast<char*>(dev->p) + off; }
   double old(size_t i) const { return get(before, i, t); }
   // Elements where the device result is outside within() of the CPU kernel's or of the float64 one.
   size_t bad_against_device(const char* what, const std::vector<double>& exact, const std::vector<double>& scale) const {
-    std::vector<char> got = dev->download();
-    got.resize(host.size());
+    std::vector<char> got(host.size());
+    CUDA_OK(cudaMemcpy(got.data(), device(), n * dtype_size(t), cudaMemcpyDeviceToHost));
     size_t bad = 0;
     for (size_t i = 0; i < n; ++i) {
       const double a = get(got, i, t), b = get(host, i, t);
@@ -89,14 +93,16 @@ struct Tensor {
   size_t n;
   Operand p, g, m, v;
   std::unique_ptr<Operand> vmax, out;
-  Tensor(const Combo& c, size_t count, std::mt19937& rng, bool amsgrad, bool copy16)
-      : n(count), p(c.param, count, rng, 1.0, false), g(c.grad, count, rng, 0.1, false),
-        m(c.moment, count, rng, 0.01, false), v(c.moment, count, rng, 1e-3, true) {
-    if (amsgrad) vmax.reset(new Operand(c.moment, count, rng, 1e-3, true));
-    if (copy16) out.reset(new Operand(DType::BF16, count, rng, 1.0, false));
+  // `offset`: every operand starts that many bytes past an aligned address, rounded down to a whole
+  // element of its dtype (so a tensor may mix aligned and misaligned operands).
+  Tensor(const Combo& c, size_t count, std::mt19937& rng, bool amsgrad, bool copy16, size_t offset)
+      : n(count), p(c.param, count, rng, 1.0, false, offset), g(c.grad, count, rng, 0.1, false, offset),
+        m(c.moment, count, rng, 0.01, false, offset), v(c.moment, count, rng, 1e-3, true, offset) {
+    if (amsgrad) vmax.reset(new Operand(c.moment, count, rng, 1e-3, true, offset));
+    if (copy16) out.reset(new Operand(DType::BF16, count, rng, 1.0, false, offset));
   }
   AdamBuffers buffers(bool device) {
-    auto at = [device](Operand* o) -> void* { return !o ? nullptr : device ? o->dev->p : o->host.data(); };
+    auto at = [device](Operand* o) -> void* { return !o ? nullptr : device ? o->device() : o->host.data(); };
     return AdamBuffers{at(&p), at(&g), at(&m), at(&v), at(vmax.get()), at(out.get()),
                        p.t, g.t, m.t, DType::BF16};
   }
@@ -135,7 +141,8 @@ void step_case(const Combo& c, int ntensors, bool amsgrad, bool adamw, bool copy
   std::vector<float> steps;
   for (int k = 0; k < ntensors; ++k) {
     const size_t n = kSizes[(k * 5 + ntensors) % (sizeof kSizes / sizeof kSizes[0])];
-    ts.emplace_back(new Tensor(c, n, rng, amsgrad, copy16));
+    const size_t offsets[] = {0, 2, 0, 4, 8, 0, 12};  // torch views with a storage offset, among aligned ones
+    ts.emplace_back(new Tensor(c, n, rng, amsgrad, copy16, offsets[(k * 3 + ntensors) % 7]));
     steps.push_back(per_tensor_steps ? static_cast<float>(1 + (k * 37) % 1000) : 7.0f);
   }
   const float lr = 1e-2f, wd = 0.05f, inv_scale = 0.5f, clip = 0.75f;
@@ -174,7 +181,7 @@ void step_case(const Combo& c, int ntensors, bool amsgrad, bool adamw, bool copy
 
 // found_inf set: the launch writes nothing.
 void skipped_step(std::mt19937& rng) {
-  Tensor t(Combo{DType::F32, DType::F32, DType::F32}, 40009, rng, true, true);
+  Tensor t(Combo{DType::F32, DType::F32, DType::F32}, 40009, rng, true, true, 0);
   const std::vector<char> before = t.p.dev->download();
   DevBuf inf(sizeof(float));
   std::vector<char> one(sizeof(float));
@@ -200,8 +207,8 @@ void sum_squares_case(std::mt19937& rng) {
   size_t total = 0;
   for (int k = 0; k < 40; ++k) {  // more than one launch's table
     const size_t n = kSizes[k % (sizeof kSizes / sizeof kSizes[0])];
-    xs.emplace_back(new Operand(types[k % 3], n, rng, 1.0, false));
-    ptrs.push_back(xs.back()->dev->p);
+    xs.emplace_back(new Operand(types[k % 3], n, rng, 1.0, false, (k % 7) * 2));  // offsets 0-12 bytes
+    ptrs.push_back(xs.back()->device());
     dts.push_back(types[k % 3]);
     counts.push_back(n);
     want += sum_squares(xs.back()->host.data(), types[k % 3], 0, n);

@@ -1,6 +1,7 @@
 // Fuzz of the peer-memory collectives on simulated ranks (one GPU), against a host reference in double
 // (exact: inputs are small integers, so every sum, product and average rounds once, as the kernels do):
-// random world (2-8), staging size, ring channels, blocks, dtype, op, algorithm and in-place-ness, and
+// random world (2-8), staging size, ring channels, blocks, dtype, op, algorithm, in-place-ness and the
+// buffers' offset from an aligned address (0, 2, 4, 8, 12 bytes: torch views with a storage offset), and
 // counts around multiples of the staging slot, the two-shot slot, the ring slice and the ring
 // iteration (plus 0, 1 and primes), for all-reduce, reduce-scatter and all-gather. Several cases run
 // on one world, so flags and staging carry over between launches and kernels, as in a real run.
@@ -91,6 +92,8 @@ struct Case {
   ReduceOp op;
   size_t count;
   bool in_place;  // all-reduce only
+  size_t offset;  // bytes from a 256-byte-aligned allocation to every rank's input and output, as a torch
+                  // view with a storage offset has: 0, 2, 4, 8 or 12, a multiple of the element size
 };
 
 const DType kDTypes[] = {DType::F32, DType::BF16, DType::F16, DType::I32, DType::I64};
@@ -149,15 +152,19 @@ Case random_case(std::mt19937_64& g, const World& w) {
   c.op = c.coll == Coll::AllGather ? ReduceOp::Sum : kOps[g() % 5];
   c.in_place = c.coll == Coll::AllReduce && g() % 2 == 0;
   c.count = random_count(g, w, c);
+  const size_t offsets[] = {0, 0, 0, 2, 4, 8, 12};  // aligned half the time, as most tensors are
+  c.offset = offsets[g() % 7];
+  if (c.offset % dtype_size(c.dtype) != 0) c.offset = 0;
   return c;
 }
 
 std::string describe(const World& w, const Case& c) {
   char buf[320];
   std::snprintf(buf, sizeof buf,
-                "world=%d staging=%zu channels=%d max_blocks=%d coll=%d algo=%d %s %s count=%zu%s%s threads=%u",
+                "world=%d staging=%zu channels=%d max_blocks=%d coll=%d algo=%d %s %s count=%zu offset=%zu%s%s "
+                "threads=%u",
                 w.n, w.cfg.staging_bytes, w.cfg.ring_channels, w.cfg.max_blocks, static_cast<int>(c.coll),
-                static_cast<int>(c.algo), dtype_name(c.dtype), op_name(c.op), c.count, c.in_place ? " in-place" : "",
+                static_cast<int>(c.algo), dtype_name(c.dtype), op_name(c.op), c.count, c.offset, c.in_place ? " in-place" : "",
                 w.real_ranks ? " real-ranks" : "", w.block_threads);
   return buf;
 }
@@ -206,16 +213,19 @@ bool run_case(Ranks& sim, const World& w, const Case& c, uint32_t salt, cudaStre
   std::vector<const void*> ip;
   std::vector<void*> op;
   for (int q = 0; q < n; ++q) {
-    ins.emplace_back(new DevBuf(in_n * es));
+    ins.emplace_back(new DevBuf(in_n * es + c.offset));
+    char* in = static_cast<char*>(ins.back()->p) + c.offset;
     std::vector<char> h(in_n * es + 8);
     for (size_t i = 0; i < in_n; ++i) put(h, i, c.dtype, value(salt, q, i, c.op));
-    ins.back()->upload(h);
+    CUDA_OK(cudaMemcpy(in, h.data(), in_n * es, cudaMemcpyHostToDevice));
+    char* out = in;
     if (!c.in_place) {
-      outs.emplace_back(new DevBuf(out_n * es));
-      CUDA_OK(cudaMemset(outs.back()->p, 0x7f, out_n * es));  // an element never written shows
+      outs.emplace_back(new DevBuf(out_n * es + c.offset));
+      out = static_cast<char*>(outs.back()->p) + c.offset;
+      CUDA_OK(cudaMemset(out, 0x7f, out_n * es));  // an element never written shows
     }
-    ip.push_back(ins.back()->p);
-    op.push_back(c.in_place ? ins.back()->p : outs.back()->p);
+    ip.push_back(in);
+    op.push_back(out);
   }
   sim.run(c.coll, ip, op, c.count, c.dtype, c.op, c.algo, s);
   CUDA_OK(cudaStreamSynchronize(s));

@@ -281,6 +281,12 @@ std::string short_name(const char* pretty) {
 
 namespace ringzero::cpu_grid {
 
+void misaligned_access(const void* p, size_t width, const char* what) {
+  std::fprintf(stderr, "cpu grid: misaligned address: %s of %zu bytes at %p (a GPU faults here)\n", what, width, p);
+  std::fflush(stderr);
+  std::abort();
+}
+
 int sync_block(int pred) {
   Fiber* f = t_fiber.load(std::memory_order_relaxed);
   if (!f) return pred;

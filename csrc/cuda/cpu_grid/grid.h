@@ -127,9 +127,25 @@ template <class T> inline T __shfl_xor_sync(unsigned, T v, int lane_mask) {
   return out;
 }
 
+// A GPU faults on a load or store whose address is not a multiple of its size ("misaligned address",
+// the kernel and its context lost); x86 does not, so the grid checks: a misaligned access aborts the
+// test at once, naming the address and the width, whatever code the compiler made of it.
+namespace ringzero::cpu_grid {
+[[noreturn]] void misaligned_access(const void* p, size_t width, const char* what);
+}
+template <class T> inline void check_aligned_access(const T* p, const char* what) {
+  if (reinterpret_cast<uintptr_t>(p) % alignof(T) != 0) ringzero::cpu_grid::misaligned_access(p, alignof(T), what);
+}
+
 // Loads and stores through L2 (.cg): plain accesses here (the flags order them, or nothing does).
-template <class T> inline T __ldcg(const T* p) { return *p; }
-template <class T> inline void __stcg(T* p, T v) { *p = v; }
+template <class T> inline T __ldcg(const T* p) {
+  check_aligned_access(p, "__ldcg");
+  return *p;
+}
+template <class T> inline void __stcg(T* p, T v) {
+  check_aligned_access(p, "__stcg");
+  *p = v;
+}
 
 // Bit casts of float32 (atomicAdd's CAS loop, the 16-bit conversions below).
 namespace ringzero::cpu_grid {
