@@ -3,7 +3,8 @@
 # torch has CUDA) for that GPU's own architecture, runs the C++ and Python GPU tests (the fuzz of every
 # collective on simulated ranks and over N processes, and the missing-peer timeout tests among them) and
 # the CUDA benchmarks, and writes everything under $OUT when set, else under benchmarks/results/.
-#   bash benchmarks/gpu_check.sh            # build, ctest, pytest, bench: 440 s budget (took 220 s on an H200)
+#   bash benchmarks/gpu_check.sh            # build, ctest, pytest, bench: 500 s budget (took 220 s on an H200,
+#                                           # before step 4c was added)
 #   bash benchmarks/gpu_check.sh train      # ringzero train --device cuda --compare, 2 ranks on one GPU: a
 #                                           # second call (560 s budget, the build on a fresh machine counted;
 #                                           # took 308 s on an H200 without the build)
@@ -53,6 +54,7 @@ L_PYTEST=160          # 3. pytest of the GPU test files (about 10 multi-process 
 L_BENCH=30            # 4. benchmarks/bench_cuda.py
 L_OPTIM=30            # 4b. benchmarks/optim.py --device cuda
 L_KBENCH=20           # 5. build/gpu/bench_cuda_kernels
+L_RZBENCH=60          # 4c. ringzero bench --device cuda, simulated ranks and processes (not yet measured)
 L_COMPILE=440         # 3b. compiled stock DDP, 2 ranks (inductor compiles in each rank)
 L_TRAIN=170           # 6. ringzero train --compare, 9 strategies
 L_TRAINCHK=270        # 7. CUDA losses against the CPU run, and --resume
@@ -78,7 +80,8 @@ PLAN=()   # "limit|what" per step that will run, in order
 want ctest && PLAN+=("$L_CTEST|2. C++ tests (ctest): the CUDA ones (fixed cases, fuzz, timeout, Adam) and the CPU ones; no CPU grid")
 want pytest && PLAN+=("$L_PYTEST|3. Python GPU tests: test_cuda, test_cuda_fuzz, test_cuda_timeout, test_adam_cuda, test_backend_cuda (not compiled)")
 want compile && PLAN+=("$L_COMPILE|3b. stock DDP under torch.compile on the ringzero backend, 2 ranks on one GPU")
-want bench && PLAN+=("$L_BENCH|4. CUDA benchmark (benchmarks/bench_cuda.py)" "$L_OPTIM|4b. fused Adam benchmark (benchmarks/optim.py --device cuda)")
+want bench && PLAN+=("$L_BENCH|4. CUDA benchmark (benchmarks/bench_cuda.py)" "$L_OPTIM|4b. fused Adam benchmark (benchmarks/optim.py --device cuda)"
+                     "$L_RZBENCH|4c. ringzero bench --device cuda: 4 simulated ranks, then a process per GPU (2 sharing one GPU where there is one)")
 want train && PLAN+=("$L_TRAIN|6. ringzero train --device cuda --compare, 2 ranks on one GPU" "$L_TRAINCHK|7. CUDA losses against the CPU run, --resume on CUDA")
 want bench && PLAN+=("$L_KBENCH|5. CUDA kernel benchmark without torch (build/gpu/bench_cuda_kernels)")
 PLANNED_S=$SETUP_S
@@ -190,6 +193,13 @@ if [ "$TORCH_CUDA" = 1 ]; then
     step "$L_BENCH" "4. CUDA benchmark" "$PY" benchmarks/bench_cuda.py --out "$RESULTS/bench_cuda_$STAMP.txt"
     step "$L_OPTIM" "4b. fused Adam benchmark against torch's fused AdamW" "$PY" benchmarks/optim.py --device cuda \
       --out "$RESULTS/optim_cuda_$STAMP.txt"
+    # The command a user runs: every row checks its result (#wrong); NCCL rows where each rank has a GPU.
+    NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+    [ "${NGPU:-0}" -ge 2 ] || NGPU=2
+    RZB=(--device cuda --min-bytes 1K --max-bytes 64M --factor 4 --budget-s 0.05)
+    step "$L_RZBENCH" "4c. ringzero bench --device cuda (4 simulated ranks; $NGPU processes)" bash -c \
+      "set -o pipefail; '$PY' -m ringzero bench ${RZB[*]} --sim-ranks 4 | tee '$RESULTS/ringzero_bench_cuda_$STAMP.txt' && \
+       '$PY' -m ringzero bench ${RZB[*]} --nproc $NGPU | tee -a '$RESULTS/ringzero_bench_cuda_$STAMP.txt'"
   fi
   if want train; then
     # Every strategy beside stock torch, then the CUDA losses against the CPU run of the same seed and

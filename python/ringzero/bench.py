@@ -1,6 +1,7 @@
 """Collective microbenchmark in the style of nccl-tests: ringzero against gloo in the same run.
 
     python -m ringzero.bench --nproc 2            # or: torchrun --nproc-per-node 2 -m ringzero.bench
+    ringzero bench --device cuda --nproc 8        # CUDA tensors beside NCCL: ringzero/cuda_bench.py
 
 Columns: size (bytes of the whole buffer, as nccl-tests counts it: all_reduce the tensor, reduce_scatter
 the input, all_gather the output), count (elements of that buffer), time per call (the slowest rank),
@@ -23,6 +24,7 @@ import argparse
 import datetime
 import os
 import platform
+import sys
 import time
 
 import torch
@@ -60,21 +62,25 @@ def _max_over_ranks(value: float) -> float:
     return t.item()
 
 
-def time_calls(call, sync, max_over_ranks, budget_s: float) -> float:
+def time_calls(call, sync, max_over_ranks, budget_s: float, settle=None, most: int = 100_000) -> float:
     """Seconds per call, the method every ringzero benchmark (and benchmarks/mpi_anchor.py for Open MPI
     and MPICH) uses: warm up, pick an iteration count that fills budget_s (the same on all ranks: the
     slowest rank's estimate), then time the loop between two `sync()`s and take the slowest rank's mean.
-    `max_over_ranks(x)` returns the largest x over the ranks."""
+    `max_over_ranks(x)` returns the largest x over the ranks. `settle()`, where calls only enqueue work
+    (CUDA), waits for it: after the estimating call and after the loop, inside the timing."""
+    settle = settle or (lambda: None)
     call()
     sync()
     t0 = time.perf_counter()
     call()
+    settle()
     one = max_over_ranks(time.perf_counter() - t0)
-    iters = int(min(100_000, max(3, budget_s / max(one, 1e-7))))
+    iters = int(min(most, max(3, budget_s / max(one, 1e-7))))
     sync()
     t0 = time.perf_counter()
     for _ in range(iters):
         call()
+    settle()
     return max_over_ranks((time.perf_counter() - t0) / iters)
 
 
@@ -249,8 +255,17 @@ def main(argv=None):
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     p.add_argument("--budget-s", type=float, default=0.2, help="seconds of timed calls per row and backend")
     p.add_argument("--no-gloo", action="store_true", help="skip the gloo baseline")
+    cuda = p.add_argument_group("CUDA (ringzero.cuda_bench: nccl-tests' columns, NCCL beside ringzero)")
+    cuda.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                      help="cuda: CUDA tensors, one process per GPU (--nproc or torchrun), NCCL as the baseline")
+    cuda.add_argument("--sim-ranks", type=int, default=None, metavar="N",
+                      help="with --device cuda: N simulated ranks on this one GPU, in this process (no NCCL row)")
+    cuda.add_argument("--algos", default="auto,oneshot,twoshot,ring",
+                      help="with --device cuda: ringzero's all-reduce rows, from auto, oneshot, twoshot, ring")
+    cuda.add_argument("--no-nccl", action="store_true", help="with --device cuda: skip the NCCL rows")
     args = p.parse_args(argv)
     args.ops = [o.strip() for o in args.ops.split(",") if o.strip()]
+    args.algos = [a.strip() for a in args.algos.split(",") if a.strip()]
     bad = [o for o in args.ops if o not in OPS]
     if bad:
         p.error(f"unknown op(s) {bad}; choose from {', '.join(OPS)}")
@@ -258,8 +273,28 @@ def main(argv=None):
         p.error("--factor must be at least 2")
     if args.min_bytes < 1 or args.max_bytes < args.min_bytes:
         p.error("need 1 <= --min-bytes <= --max-bytes")
-    launch(run, args.nproc, args)
+    if args.device == "cpu":
+        if args.sim_ranks is not None or args.no_nccl:
+            p.error("--sim-ranks and --no-nccl are for --device cuda")
+        launch(run, args.nproc, args)
+        return 0
+    return _main_cuda(p, args)
+
+
+def _main_cuda(p, args) -> int:
+    from . import _C, cuda_bench
+    from .launch import under_torchrun
+
+    has_cuda = bool(getattr(_C, "has_cuda", False))
+    count = torch.cuda.device_count() if has_cuda and torch.cuda.is_available() else 0
+    errors = cuda_bench.argument_errors(args, has_cuda, count, under_torchrun())
+    if errors:
+        p.error("; ".join(errors))
+    if args.sim_ranks is not None:
+        return cuda_bench.run_simulated(args)
+    launch(cuda_bench.run, args.nproc, args, device="cuda")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
