@@ -22,10 +22,6 @@ def _entry(rank, world, store_path, fn, args, env, out):
         import torch
         import torch.distributed as dist
 
-        if torch.cuda._is_in_bad_fork():
-            raise RuntimeError("the parent touched CUDA before forking the ranks (torch.cuda.is_available() and "
-                               "device_count() count), so no rank can use CUDA: run_ranks from a fresh interpreter "
-                               "that imports nothing that asks torch about CUDA (tests/cuda_util.py does)")
         torch.set_num_threads(1)
         dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world)
         try:
@@ -37,7 +33,12 @@ def _entry(rank, world, store_path, fn, args, env, out):
             dist.destroy_process_group()
         out.put((rank, "ok", result))
     except BaseException:
-        out.put((rank, "error", traceback.format_exc()))
+        error = traceback.format_exc()
+        if "Cannot re-initialize CUDA in forked subprocess" in error:
+            error += ("(run_ranks: the parent asked torch about CUDA before forking the ranks, and "
+                      "torch.cuda.is_available() and device_count() count: run them from a fresh interpreter "
+                      "that imports nothing that does, as tests/cuda_util.run_script does)\n")
+        out.put((rank, "error", error))
         raise SystemExit(1)
 
 

@@ -2,7 +2,8 @@
 # The test command (README, .ci/run): sets up, builds the C++ core with its tests (and every .cu file
 # with nvcc when nvcc is present) and the CUDA kernels on the CPU grid, runs ctest, the CPU grid again
 # under ThreadSanitizer, and the static checks of the kernels' GPU code (with nvcc),
-# compiles csrc/torch against torch 2.10 and 2.15 headers, then runs the Python tests.
+# compiles csrc/torch against torch 2.10 and 2.15 headers, builds the CUDA path against a CUDA torch
+# (with nvcc: tools/cuda_torch_build.sh), then runs the Python tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup.sh
@@ -30,4 +31,9 @@ if command -v nvcc >/dev/null 2>&1; then "$PY" tools/cuda_static_check.py; fi
 # installed one). RINGZERO_COMPAT_TORCH="" skips it, or names other releases.
 COMPAT_TORCH=${RINGZERO_COMPAT_TORCH-2.10.0 2.15.0}
 if [ -n "$COMPAT_TORCH" ]; then bash tools/torch_compat.sh $COMPAT_TORCH; fi
+# A GPU user's install without a GPU, where nvcc is installed: the whole extension built and linked with
+# nvcc against a CUDA torch in an environment of its own (downloads torch 2.13.0+cu130 and its nvidia
+# wheels, about 3.5 GB, once per machine: kept in ~/.cache/ringzero), imported, and its no-GPU errors and
+# CPU tests run there; about 5 minutes on 2 cores. RINGZERO_CUDA_TORCH_BUILD=0 skips it.
+if command -v nvcc >/dev/null 2>&1 && [ "${RINGZERO_CUDA_TORCH_BUILD:-1}" != 0 ]; then bash tools/cuda_torch_build.sh; fi
 "$PY" -m pytest -q tests "$@"

@@ -13,7 +13,13 @@ namespace ringzero::cuda {
 namespace {
 
 void cuda_ok(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw CommError(std::string("ringzero CUDA: ") + what + ": " + cudaGetErrorString(e));
+  if (e == cudaSuccess) return;
+  std::string msg = std::string("ringzero CUDA: ") + what + ": " + cudaGetErrorString(e);
+  // What the CUDA runtime says on a machine without a GPU or driver ("CUDA driver version is
+  // insufficient ...") names neither; say it plainly.
+  if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver)
+    msg += " (this process sees no usable CUDA GPU: no device, or no NVIDIA driver; the CUDA collectives need one)";
+  throw CommError(msg);
 }
 
 // Signal first (its own 128-byte lines), staging after it at a 256-byte boundary.

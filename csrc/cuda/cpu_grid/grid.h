@@ -245,6 +245,7 @@ enum cudaError_t {
   cudaErrorInvalidValue = 1,
   cudaErrorMemoryAllocation = 2,
   cudaErrorInvalidConfiguration = 9,
+  cudaErrorInsufficientDriver = 35,
   cudaErrorNoDevice = 100,
   cudaErrorStreamCaptureUnsupported = 900,
   cudaErrorCooperativeLaunchTooLarge = 720,

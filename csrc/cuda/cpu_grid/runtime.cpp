@@ -48,6 +48,7 @@ const char* cudaGetErrorString(cudaError_t e) {
     case cudaErrorInvalidValue: return "invalid argument (CPU grid)";
     case cudaErrorMemoryAllocation: return "out of memory (CPU grid)";
     case cudaErrorInvalidConfiguration: return "invalid configuration argument (CPU grid)";
+    case cudaErrorInsufficientDriver: return "CUDA driver version is insufficient for CUDA runtime version (CPU grid)";
     case cudaErrorNoDevice: return "no CUDA-capable device is detected (CPU grid)";
     case cudaErrorCooperativeLaunchTooLarge: return "too many blocks in cooperative launch (CPU grid)";
     case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing (CPU grid)";
