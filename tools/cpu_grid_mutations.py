@@ -5,8 +5,8 @@ Copies the working tree to a temporary folder, checks that the unchanged kernels
 planted defect (a dropped release store, an acquire turned into a plain load, a dropped __syncthreads,
 an off-by-one in a block's last slice, an epoch not bumped, a ring credit one slot early, the issue-15
 per-slice partition, a dropped two-shot barrier, an unclaimed timeout record, a 16-byte pack taken at
-8-byte alignment in the collectives and at half its alignment in Adam, a dropped Adam bias
-correction) rebuilds the CPU-grid tests and runs them: first the plain build (wrong values, a timeout,
+8-byte alignment in the collectives and at half its alignment in Adam, ring credits counted per
+launch, a dropped Adam bias correction) rebuilds the CPU-grid tests and runs them: first the plain build (wrong values, a timeout,
 a crash), then, if that passed, the ThreadSanitizer build (a data race). Prints a table: every defect must be caught. Takes about 15
 minutes on 2 cores; not part of CI (docs/status.md: the table of its last run).
 
@@ -23,7 +23,9 @@ import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
-# name, file, text to find, replacement, occurrence to replace (1-based; 0: every one), test to run
+# name, file, text to find, replacement, occurrence to replace (1-based; 0: every one), test to run.
+# Text and replacement may be tuples of the same length: each pair is applied in turn (one defect that
+# needs edits in several places).
 MUTANTS = [
     ("release-dropped", "csrc/cuda/ring.cu",
      "if (send) store_release_sys(&peers->signal[right]->ready[c], sent);",
@@ -69,6 +71,15 @@ MUTANTS = [
      "return p == nullptr || reinterpret_cast<uintptr_t>(p) % bytes == 0;",
      "return p == nullptr || reinterpret_cast<uintptr_t>(p) % (bytes / 2) == 0;", 1, "adam",
      "Adam: an operand taken as pack-aligned at half its pack's alignment"),
+    ("ring-credits-per-launch", "csrc/cuda/ring.cu",
+     ("  uint64_t sent, recvd;",
+      "  ch.sent = ch.recvd = a.peers.signal[r]->steps[c];",
+      "if (ok && send && sent + 1 > kRingSteps)"),
+     ("  uint64_t sent, recvd, launch_base;",
+      "  ch.sent = ch.recvd = ch.launch_base = a.peers.signal[r]->steps[c];",
+      "if (ok && send && sent + 1 - launch_base > kRingSteps)"), 1, "fuzz",
+     "ring: slot credits counted from each launch, so its first sends overwrite slots the right neighbour "
+     "may still be reading from the previous launch (caught only when ranks drift)"),
     ("adam-bias-correction", "csrc/cuda/adam.cu",
      "c.step_size = lr / (1.0f - powf(h.beta1, step));",
      "c.step_size = lr;", 1, "adam",
@@ -130,6 +141,18 @@ def build_and_test(build, test, tsan):
     return f"{what} ({secs:.0f} s)", out
 
 
+def replace_nth(text, old, new, nth, name, path):
+    count = text.count(old)
+    if count == 0 or (nth > count):
+        sys.exit(f"{name}: the text to change is not in {path} (the kernel changed: update this mutant)")
+    if nth == 0:
+        return text.replace(old, new)
+    at = -1
+    for _ in range(nth):
+        at = text.index(old, at + 1)
+    return text[:at] + new + text[at + len(old):]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", help="run one planted defect")
@@ -159,17 +182,9 @@ def main():
         if args.only and name != args.only:
             continue
         target = src / path
-        original = target.read_text()
-        count = original.count(old)
-        if count == 0 or (nth > count):
-            sys.exit(f"{name}: the text to change is not in {path} (the kernel changed: update this mutant)")
-        if nth == 0:
-            mutated = original.replace(old, new)
-        else:
-            at = -1
-            for _ in range(nth):
-                at = original.index(old, at + 1)
-            mutated = original[:at] + new + original[at + len(old):]
+        original = mutated = target.read_text()
+        for o, n in (zip(old, new) if isinstance(old, tuple) else [(old, new)]):
+            mutated = replace_nth(mutated, o, n, nth, name, path)
         target.write_text(mutated)
         try:
             caught, out = build_and_test(builds[False], test, False)

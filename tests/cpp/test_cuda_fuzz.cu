@@ -12,7 +12,9 @@
 // draws a block size (512 as on the GPU, or an odd one: the kernels take blockDim from the launch),
 // chaos (random yields and stalls at every sync point, seeded from the fuzz seed) and, for every
 // other world, real ranks instead of simulated ones: one PeerComm per host thread, each launching its
-// own grid, peer memory opened through the IPC handles as on a node.
+// own grid, peer memory opened through the IPC handles as on a node. A real-rank world runs its cases
+// as one sequence per rank thread, back to back with random pauses and no join between cases, so ranks
+// drift across launches as DDP's collectives make them (every output checked after all ranks finish).
 #include <cuda_runtime.h>
 
 #include <chrono>
@@ -24,6 +26,7 @@
 #include <cstdlib>
 #include <memory>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -207,37 +210,46 @@ struct Ranks {
   }
 };
 
-// Runs one case on `sim` and checks every rank's output; returns false on a mismatch.
-bool run_case(Ranks& sim, const World& w, const Case& c, uint32_t salt, cudaStream_t s) {
+// One case's buffers: every rank's input and output, filled, at the case's offset.
+struct CaseBufs {
+  std::vector<std::unique_ptr<DevBuf>> ins, outs;
+  std::vector<const void*> ip;
+  std::vector<void*> op;
+};
+
+CaseBufs prepare(const World& w, const Case& c, uint32_t salt) {
   const int n = w.n;
   const size_t es = dtype_size(c.dtype);
   const size_t in_n = c.coll == Coll::ReduceScatter ? n * c.count : c.count;
   const size_t out_n = c.coll == Coll::AllGather ? n * c.count : c.count;
-  std::vector<std::unique_ptr<DevBuf>> ins, outs;
-  std::vector<const void*> ip;
-  std::vector<void*> op;
+  CaseBufs b;
   for (int q = 0; q < n; ++q) {
-    ins.emplace_back(new DevBuf(in_n * es + c.offset));
-    char* in = static_cast<char*>(ins.back()->p) + c.offset;
+    b.ins.emplace_back(new DevBuf(in_n * es + c.offset));
+    char* in = static_cast<char*>(b.ins.back()->p) + c.offset;
     std::vector<char> h(in_n * es + 8);
     for (size_t i = 0; i < in_n; ++i) put(h, i, c.dtype, value(salt, q, i, c.op));
     CUDA_OK(cudaMemcpy(in, h.data(), in_n * es, cudaMemcpyHostToDevice));
     char* out = in;
     if (!c.in_place) {
-      outs.emplace_back(new DevBuf(out_n * es + c.offset));
-      out = static_cast<char*>(outs.back()->p) + c.offset;
+      b.outs.emplace_back(new DevBuf(out_n * es + c.offset));
+      out = static_cast<char*>(b.outs.back()->p) + c.offset;
       CUDA_OK(cudaMemset(out, 0x7f, out_n * es));  // an element never written shows
     }
-    ip.push_back(in);
-    op.push_back(out);
+    b.ip.push_back(in);
+    b.op.push_back(out);
   }
-  sim.run(c.coll, ip, op, c.count, c.dtype, c.op, c.algo, s);
-  CUDA_OK(cudaStreamSynchronize(s));
-  sim.check();  // a wait that ran out throws CommTimeoutError
+  return b;
+}
+
+// Every rank's output of a finished case against the host reference; false on a mismatch.
+bool verify(const World& w, const Case& c, uint32_t salt, const CaseBufs& b) {
+  const int n = w.n;
+  const size_t es = dtype_size(c.dtype);
+  const size_t out_n = c.coll == Coll::AllGather ? n * c.count : c.count;
   bool ok = true;
   for (int q = 0; q < n; ++q) {
     std::vector<char> got(out_n * es + 8);
-    CUDA_OK(cudaMemcpy(got.data(), op[q], out_n * es, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(got.data(), b.op[q], out_n * es, cudaMemcpyDeviceToHost));
     size_t bad = 0, first = 0;
     double first_got = 0, first_want = 0;
     for (size_t i = 0; i < out_n; ++i) {
@@ -256,6 +268,57 @@ bool run_case(Ranks& sim, const World& w, const Case& c, uint32_t salt, cudaStre
   }
   return ok;
 }
+
+// Runs one case on `sim` and checks every rank's output; returns false on a mismatch.
+bool run_case(Ranks& sim, const World& w, const Case& c, uint32_t salt, cudaStream_t s) {
+  CaseBufs b = prepare(w, c, salt);
+  sim.run(c.coll, b.ip, b.op, c.count, c.dtype, c.op, c.algo, s);
+  CUDA_OK(cudaStreamSynchronize(s));
+  sim.check();  // a wait that ran out throws CommTimeoutError
+  return verify(w, c, salt, b);
+}
+
+#if defined(RINGZERO_CPU_GRID)
+// Ranks that drift, as DDP's back-to-back collectives make them: each rank's thread runs the whole
+// sequence of cases without waiting for its peers between them (after one case in four a pause of up
+// to 1 ms, its own), so a rank starts case k+1 while a peer is still in case k; every output is checked
+// after all ranks finish. Returns how many cases failed.
+int run_drifting(Ranks& ranks, const World& w, const std::vector<Case>& cases, uint32_t first_salt,
+                 uint64_t pause_seed) {
+  std::vector<CaseBufs> bufs;
+  for (size_t k = 0; k < cases.size(); ++k) bufs.push_back(prepare(w, cases[k], first_salt + static_cast<uint32_t>(k)));
+  std::vector<std::thread> threads;
+  std::vector<std::string> errors(ranks.real.size());
+  for (size_t q = 0; q < ranks.real.size(); ++q)
+    threads.emplace_back([&, q] {
+      std::mt19937_64 pause(pause_seed * 131 + q);
+      try {
+        for (size_t k = 0; k < cases.size(); ++k) {
+          const Case& c = cases[k];
+          ranks.real[q]->run(c.coll, bufs[k].ip[q], bufs[k].op[q], c.count, c.dtype, c.op, c.algo, nullptr);
+          // Mostly straight on (a rank that finished races into the next launch while a slower peer,
+          // stalled by the chaos, is still in this one), now and then a pause of up to 1 ms.
+          const uint64_t r = pause();
+          if (r % 4 == 0) std::this_thread::sleep_for(std::chrono::microseconds(r / 4 % 1000));
+        }
+      } catch (const std::exception& e) {
+        errors[q] = e.what();
+      }
+    });
+  for (auto& th : threads) th.join();
+  for (size_t q = 0; q < errors.size(); ++q)
+    if (!errors[q].empty()) throw std::runtime_error("rank " + std::to_string(q) + ": " + errors[q]);
+  ranks.check();
+  int failed = 0;
+  for (size_t k = 0; k < cases.size(); ++k) {
+    if (!verify(w, cases[k], first_salt + static_cast<uint32_t>(k), bufs[k])) {
+      ++failed;
+      std::printf("FAILED drifting case %zu of %zu: %s\n", k, cases.size(), describe(w, cases[k]).c_str());
+    }
+  }
+  return failed;
+}
+#endif
 
 }  // namespace
 
@@ -289,6 +352,26 @@ int main() {
 #endif
     Ranks sim(w);
     w.cfg = sim.config();  // ring channels as SimWorld kept them (at most SMs / ranks)
+#if defined(RINGZERO_CPU_GRID)
+    if (w.real_ranks) {  // every real-rank world: its cases back to back, the ranks drifting
+      std::vector<Case> seq;
+      for (uint64_t k = 0; k < kCasesPerWorld && done + k < cases; ++k) {
+        Case c = random_case(g, w);
+        // Every case's buffers live at once here: large ones stay under 2^18 elements.
+        if (c.count > (1u << 18)) c.count = (1u << 18) + c.count % 4099;
+        seq.push_back(c);
+      }
+      try {
+        failed += run_drifting(sim, w, seq, static_cast<uint32_t>(done + 1), g());
+      } catch (const std::exception& e) {
+        std::printf("drifting sequence at case %" PRIu64 " raised: %s\n", done, e.what());
+        CHECK(false, "drifting sequence of %zu cases, first %s, raised", seq.size(), describe(w, seq[0]).c_str());
+        ++failed;
+      }
+      done += seq.size();
+      continue;
+    }
+#endif
     for (uint64_t k = 0; k < kCasesPerWorld && done < cases; ++k, ++done) {
       const Case c = random_case(g, w);
       bool ok = false, world_dead = false;
