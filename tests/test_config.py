@@ -128,3 +128,28 @@ def test_the_backend_gets_the_config():
     assert backend_config(from_env({"RINGZERO_TIMEOUT_S": "2.5"}), datetime.timedelta(seconds=9)).timeout_s == 2.5
     with pytest.raises(ValueError, match="all_reduce_algo must be one of"):
         _C.BackendConfig(host_id="h", timeout_s=1.0, slot_bytes=64, all_reduce_algo=len(_C.ALL_REDUCE_ALGOS))
+
+
+def test_settings_sets_for_the_block_and_restores(monkeypatch):
+    """config.settings: what a communicator made inside the block reads, validated first, and the
+    variables as they were after (unset stays unset, a set value comes back), also after an error."""
+    from ringzero.comm.config import settings
+
+    monkeypatch.delenv("RINGZERO_ALLREDUCE_ALGO", raising=False)
+    monkeypatch.setenv("RINGZERO_TIMEOUT_S", "7")
+    with settings(allreduce_algo="ring", timeout_s=2.5):
+        cfg = from_env()
+        assert (cfg.allreduce_algo, cfg.timeout_s) == ("ring", 2.5)
+    cfg = from_env()
+    assert (cfg.allreduce_algo, cfg.timeout_s) == ("auto", 7.0)
+    with pytest.raises(RuntimeError, match="inside"):
+        with settings(allreduce_algo="oneshot"):
+            raise RuntimeError("inside")
+    assert from_env().allreduce_algo == "auto"
+    with pytest.raises(ValueError, match="RINGZERO_ALLREDUCE_ALGO"):
+        with settings(allreduce_algo="fastest"):
+            pass
+    with pytest.raises(ValueError, match="unknown field"):
+        with settings(algo="ring"):
+            pass
+    assert from_env().allreduce_algo == "auto"

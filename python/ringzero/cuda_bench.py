@@ -19,8 +19,6 @@ after them (launch costs included, as a training step pays them); the iteration 
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.distributed as dist
 
@@ -124,20 +122,15 @@ def _timed(call, sync, max_over_ranks, budget_s: float) -> float:
 
 def _group_per_algo(algos, world: int) -> dict:
     """A process group per forced algorithm: a communicator reads RINGZERO_ALLREDUCE_ALGO when it is
-    made, at the group's first collective, which runs here with the variable still set."""
+    made, at the group's first collective, which runs here inside config.settings."""
     import ringzero
+    from .comm.config import settings
 
-    groups, before = {}, os.environ.get("RINGZERO_ALLREDUCE_ALGO")
-    try:
-        for algo in algos:
-            os.environ["RINGZERO_ALLREDUCE_ALGO"] = algo
+    groups = {}
+    for algo in algos:
+        with settings(allreduce_algo=algo):
             groups[algo] = dist.new_group(list(range(world)))
             ringzero.all_reduce(torch.ones(1, device="cuda"), group=groups[algo])
-    finally:
-        if before is None:
-            os.environ.pop("RINGZERO_ALLREDUCE_ALGO", None)
-        else:
-            os.environ["RINGZERO_ALLREDUCE_ALGO"] = before
     torch.cuda.synchronize()
     return groups
 

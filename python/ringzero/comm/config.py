@@ -9,6 +9,7 @@ and the build-time and test-time variables (RINGZERO_CUDA, RINGZERO_COMPAT_TORCH
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 
@@ -159,4 +160,27 @@ def from_env(environ=None) -> Config:
     return Config(**values)
 
 
-__all__ = ["Config", "DEFAULT_TIMEOUT_S", "VARIABLES", "from_env"]
+@contextlib.contextmanager
+def settings(**fields):
+    """Sets the variables of these Config fields (e.g. allreduce_algo="ring") for the block, validated
+    as from_env would, and restores them after: what a communicator made inside reads when its group's
+    first collective makes it (ringzero bench --device cuda makes a group per forced algorithm so)."""
+    names = {field: name for name, field in VARIABLES.items()}
+    unknown = sorted(set(fields) - set(names))
+    if unknown:
+        raise ValueError(f"ringzero settings: unknown field(s) {unknown}; choose from {sorted(names)}")
+    values = {names[f]: str(v) for f, v in fields.items()}
+    from_env({**os.environ, **values})  # a bad value fails here, before anything is set
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, old in saved.items():
+            if old is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = old
+
+
+__all__ = ["Config", "DEFAULT_TIMEOUT_S", "VARIABLES", "from_env", "settings"]
