@@ -173,7 +173,7 @@ class RingzeroBackend : public c10d::Backend {
   std::unique_ptr<std::atomic<int>[]> pending_recvs_;  // per source rank: recv() queued, not finished
   std::unique_ptr<std::mutex[]> recv_locks_;           // per source rank
   std::mutex coalesce_mu_;
-  bool coalescing_ = false;                                // between startCoalescing() and endCoalescing()
+  std::atomic<bool> coalescing_{false};  // between startCoalescing() and endCoalescing(); read first, unlocked
   std::vector<c10::intrusive_ptr<c10d::Work>> coalesced_;  // the Works issued meanwhile, in order
   SerialExecutor any_source_executor_;
 };

@@ -10,8 +10,8 @@ as nccl-tests prints them: size (bytes of the whole buffer: the all-reduce tenso
 input, the all-gather output), count (its elements), type, redop (sum), time (us per call, the slowest
 rank), algbw = size / time, busbw = algbw x 2(n-1)/n (all-reduce) or x (n-1)/n (the others), and #wrong:
 after the timed calls every row runs once more on fresh inputs of small integers (exact in every dtype)
-and counts the elements that differ from the sum computed on the host, over all ranks. `vs nccl` is NCCL's
-time over ours. A row with #wrong above 0 makes the command exit 1.
+and counts the elements that differ from torch's own sum of every rank's inputs in int64, over all
+ranks. `vs nccl` is NCCL's time over ours. A row with #wrong above 0 makes the command exit 1.
 
 No NCCL row where NCCL cannot run: ranks sharing a GPU (more processes than GPUs; NCCL refuses two ranks
 on one GPU) and --sim-ranks. Timing: the calls are issued back to back and the GPU is synchronised once
@@ -193,8 +193,8 @@ def run(args) -> None:
             why = ("--no-nccl" if args.no_nccl else "ranks share a GPU: NCCL refuses two ranks on one GPU"
                    if m["shared"] else "this torch has no NCCL")
             print(f"# no NCCL rows: {why}")
-        print("# time: us per call, slowest rank; algbw, busbw: GB/s; #wrong: elements differing from the host's "
-              "sum over all ranks; vs nccl: NCCL time / time")
+        print("# time: us per call, slowest rank; algbw, busbw: GB/s; #wrong: elements differing from torch's "
+              "int64 sum of every rank's inputs; vs nccl: NCCL time / time")
     failures = 0
     for op in args.ops:
         if rank == 0:
@@ -243,7 +243,7 @@ def run_simulated(args) -> int:
           f"{torch.cuda.get_device_name(device)} | torch {torch.__version__}")
     print("# no NCCL rows: NCCL refuses two ranks on one GPU (and a simulated world is one process)")
     print("# time: us per call (one launch serves every rank); algbw, busbw: GB/s per rank; #wrong: elements "
-          "differing from the host's sum, all ranks")
+          "differing from torch's int64 sum of every rank's inputs, all ranks")
     failures = 0
     for op in args.ops:
         print(f"\n## {op}\n{HEADER}", flush=True)
