@@ -69,6 +69,26 @@ def copy_bandwidth(nbytes: int) -> float:
     return 2 * nbytes / copy_time(nbytes)
 
 
+def fmt_size(b: int) -> str:
+    for unit, k in [("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)]:
+        if b >= k:
+            return f"{b / k:g} {unit}"
+    return f"{b} B"
+
+
+def bench_reduce(copy_bw: float, nbytes: int, out):
+    out(f"\n## reduction kernel (dst = a + b), {fmt_size(nbytes)} per operand; bytes moved = 3 x size")
+    out(f"{'dtype':>9} {'time_us':>9} {'GB/s':>8} {'of copy bw':>10}")
+    for dtype in rz_cuda.CUDA_DTYPES:
+        n = nbytes // torch.tensor([], dtype=dtype).element_size()
+        a = torch.ones(n, dtype=dtype, device="cuda")
+        b = torch.ones_like(a)
+        d = torch.empty_like(a)
+        t = time_graph(lambda: _C.cuda_reduce_(d, [a, b], SUM, 1), 5)
+        gbs = 3 * nbytes / t
+        out(f"{str(dtype).replace('torch.', ''):>9} {t * 1e6:9.1f} {gbs / 1e9:8.1f} {gbs / copy_bw:10.1%}")
+
+
 def bench_simulated(ranks: list[int], sizes: list[int], out) -> int:
     """The all-reduce tables; returns how many ratios broke the floor (model errors)."""
     errors = 0
