@@ -14,7 +14,8 @@ and counts the elements that differ from torch's own sum of every rank's inputs 
 ranks. `vs nccl` is NCCL's time over ours. A row with #wrong above 0 makes the command exit 1.
 
 No NCCL row where NCCL cannot run: ranks sharing a GPU (more processes than GPUs; NCCL refuses two ranks
-on one GPU) and --sim-ranks. Timing: the calls are issued back to back and the GPU is synchronised once
+on one GPU) and --sim-ranks. Ranks sharing a GPU time-share it, so their times measure the time slices
+(the header says so); only --sim-ranks and a GPU per rank time the algorithms. Timing: the calls are issued back to back and the GPU is synchronised once
 after them (launch costs included, as a training step pays them); the iteration count fills --budget-s.
 """
 from __future__ import annotations
@@ -193,6 +194,11 @@ def run(args) -> None:
             why = ("--no-nccl" if args.no_nccl else "ranks share a GPU: NCCL refuses two ranks on one GPU"
                    if m["shared"] else "this torch has no NCCL")
             print(f"# no NCCL rows: {why}")
+        if m["shared"]:
+            print("# ranks share a GPU: it runs one process's kernels at a time (time slices of a few ms, unless "
+                  "MPS runs), and a kernel waiting for its peer holds the GPU until the slice ends, so these times "
+                  "measure the sharing, not the algorithm (2.3 ms per wait on an H200, 2026-11-28); #wrong still "
+                  "checks every result")
         print("# time: us per call, slowest rank; algbw, busbw: GB/s; #wrong: elements differing from torch's "
               "int64 sum of every rank's inputs; vs nccl: NCCL time / time")
     failures = 0
