@@ -4,8 +4,12 @@ findings to <out>/rank<global rank>.json for tests/test_hostlab.py to judge.
   collectives: every collective against gloo (tests/collective_cases.py), send/recv through a ringzero
                backend group, and the layout the communicator found (its topology and shared memory)
                beside what the ranks see of their hosts (hostname, /dev/shm device).
+  backend:     the swap-in backend across the hosts: the op-by-op suite of tests/backend_cases.py on a
+               dist.new_group(backend="ringzero") against the default gloo group, then stock DDP and FSDP2
+               on it against the same training on gloo (tests/backend_train_script.py).
   fault:       all-reduces of --mib MiB in a loop until one fails (the test cuts a host's link meanwhile);
-               records the exception, its message and when it came.
+               records the exception, its message and when it came. --backend: dist.all_reduce on a
+               ringzero backend group instead of ringzero.all_reduce.
 """
 import argparse
 import json
@@ -19,6 +23,8 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ringzero  # noqa: E402
+import backend_cases  # noqa: E402
+from backend_train_script import train_ddp, train_fsdp2  # noqa: E402
 from collective_cases import check_all, random_floats_and_async  # noqa: E402
 from reference import check_equal, make  # noqa: E402
 
@@ -64,14 +70,30 @@ def collectives(rank: int, world: int) -> dict:
     return {"mode": mode, "cases": cases, **layout(comm)}
 
 
-def fault(rank: int, world: int, out: str, mib: float) -> dict:
+def backend(rank: int, world: int) -> dict:
+    calls, kind = backend_cases.body(rank, world, spans_hosts=True, sizes=LAB_SIZES)
+    g = dist.new_group(backend="ringzero")
+    training = {}
+    for name, train in [("ddp", train_ddp), ("fsdp2", train_fsdp2)]:
+        ref, ours = train(dist.group.WORLD), train(g)  # gloo, then the swap-in
+        training[name] = {"max_diff": (ours - ref).abs().max().item(), "equal": torch.equal(ours, ref)}
+    stats = ringzero.backend_stats(g)
+    return {"mode": kind, "cases": calls, "training": training, "stats": stats}
+
+
+def fault(rank: int, world: int, out: str, mib: float, on_backend: bool = False) -> dict:
     x = torch.ones(int(mib * (1 << 20)) // 4)
-    ringzero.all_reduce(x)  # the communicator is set up before the link goes
+    if on_backend:
+        g = dist.new_group(backend="ringzero")
+        all_reduce = lambda t: dist.all_reduce(t, group=g)  # noqa: E731
+    else:
+        all_reduce = ringzero.all_reduce
+    all_reduce(x)  # the communicator is set up before the link goes
     open(os.path.join(out, f"ready{rank}"), "w").close()
     calls, start = 0, time.time()
     try:
         while time.time() - start < 600:
-            ringzero.all_reduce(x)
+            all_reduce(x)
             calls += 1
     except Exception as e:  # what the test judges: the type, the message, the time
         return {"error": type(e).__name__, "message": str(e), "t_error": time.time(), "calls": calls}
@@ -80,13 +102,19 @@ def fault(rank: int, world: int, out: str, mib: float) -> dict:
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=["collectives", "fault"])
+    parser.add_argument("mode", choices=["collectives", "backend", "fault"])
     parser.add_argument("--out", required=True)
     parser.add_argument("--mib", type=float, default=1, help="fault: the all-reduce's size")
+    parser.add_argument("--backend", action="store_true", help="fault: on a ringzero backend group")
     args = parser.parse_args()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    result = collectives(rank, world) if args.mode == "collectives" else fault(rank, world, args.out, args.mib)
+    if args.mode == "collectives":
+        result = collectives(rank, world)
+    elif args.mode == "backend":
+        result = backend(rank, world)
+    else:
+        result = fault(rank, world, args.out, args.mib, args.backend)
     result["rank"] = rank
     with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
         json.dump(result, f)

@@ -1,4 +1,5 @@
-"""The "ringzero" torch.distributed backend, op by op, through the torch.distributed API.
+"""The "ringzero" torch.distributed backend, op by op, through the torch.distributed API (the suite is
+tests/backend_cases.py).
 
 Each rank runs every op twice on the same inputs: on a group made with
 dist.new_group(backend="ringzero") and on the harness's gloo group, and the results must be equal
@@ -14,282 +15,15 @@ import torch
 import torch.distributed as dist
 
 import ringzero
+from backend_cases import body
 from harness import run_ranks
-from ringzero.comm import torch_compat
-from reference import DTYPES, OPS, SMALL_BUFFERS, check_equal, gloo_reference, make
-
-TORCH_OP = {ringzero.ReduceOp.SUM: dist.ReduceOp.SUM, ringzero.ReduceOp.AVG: dist.ReduceOp.AVG,
-            ringzero.ReduceOp.MIN: dist.ReduceOp.MIN, ringzero.ReduceOp.MAX: dist.ReduceOp.MAX,
-            ringzero.ReduceOp.PRODUCT: dist.ReduceOp.PRODUCT}
-SIZES = [0, 1, 13, 1031]
-IMPLEMENTED = {"allreduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
-               "reduce_scatter_tensor", "allreduce_coalesced", "allgather_into_tensor_coalesced",
-               "reduce_scatter_tensor_coalesced", "barrier"}
-
-
-def reductions(rank, world, g, dtype, n):
-    x = make(rank, n, dtype)
-    big = make(rank, n * world, dtype, salt=1)
-    for op in OPS:
-        tag = f"{dtype} n={n} {op.name}"
-        want = gloo_reference(x, op, world)
-        got = x.clone()
-        dist.all_reduce(got, op=TORCH_OP[op], group=g)
-        check_equal(got, want, f"all_reduce {tag}")
-
-        dst = n % world
-        got = x.clone()
-        dist.reduce(got, dst=dst, op=TORCH_OP[op], group=g)
-        if rank == dst:
-            check_equal(got, want, f"reduce {tag}")
-
-        block = gloo_reference(big, op, world)[rank * n:(rank + 1) * n]
-        out = torch.full((n,), 7, dtype=dtype)
-        torch_compat.reduce_scatter_single(out, big, op=TORCH_OP[op], group=g)
-        check_equal(out, block, f"reduce_scatter_tensor {tag}")
-        out = torch.full((n,), 7, dtype=dtype)
-        dist.reduce_scatter(out, [big[q * n:(q + 1) * n] for q in range(world)], op=TORCH_OP[op], group=g)
-        check_equal(out, block, f"reduce_scatter (list) {tag}")
-
-
-def data_movement(rank, world, g, dtype, n):
-    x = make(rank, n, dtype)
-    want = torch.empty(n * world, dtype=dtype)
-    torch_compat.all_gather_single(want, x)  # gloo
-    got = torch.empty(n * world, dtype=dtype)
-    torch_compat.all_gather_single(got, x, group=g)
-    check_equal(got, want, f"all_gather_into_tensor {dtype} n={n}")
-    outs = [torch.empty(n, dtype=dtype) for _ in range(world)]
-    dist.all_gather(outs, x, group=g)
-    check_equal(torch.cat(outs), want, f"all_gather (list) {dtype} n={n}")
-
-    counts = [(n * (q + 1)) // world + q for q in range(world)]  # uneven sizes
-    outs = [torch.empty(c, dtype=dtype) for c in counts]
-    dist.all_gather(outs, make(rank, counts[rank], dtype, salt=2), group=g)
-    check_equal(torch.cat(outs), torch.cat([make(q, counts[q], dtype, salt=2) for q in range(world)]),
-                f"all_gather uneven {dtype} n={n}")
-
-    src = (n + 1) % world
-    buf = make(rank, n, dtype, salt=3) if rank == src else torch.zeros(n, dtype=dtype)
-    ref = buf.clone()
-    dist.broadcast(ref, src=src)  # gloo
-    dist.broadcast(buf, src=src, group=g)
-    check_equal(buf, ref, f"broadcast {dtype} n={n}")
-
-
-def coalesced_forms(rank, world, g, device=None):
-    """The three coalesced forms through _coalescing_manager. Without device= torch hands the captured
-    ops to the *_coalesced entry points; with it, torch also brackets them with the backend's
-    startCoalescing() and waits on the Work endCoalescing() returns instead of theirs ([Note:
-    coalescing], backend.h), so that Work must cover them."""
-    where = {} if device is None else {"device": device}
-    tag = f", device={device}" if device is not None else ""
-    xs = [make(rank, n, torch.float32, salt=n) for n in (5, 300, 1, 1031)]
-    wants = [gloo_reference(x, ringzero.ReduceOp.SUM, world) for x in xs]
-    with dist._coalescing_manager(group=g, **where):
-        for x in xs:
-            dist.all_reduce(x, group=g)
-    for x, w in zip(xs, wants):
-        check_equal(x, w, "coalesced all_reduce" + tag)
-
-    ins = [make(rank, n, torch.int32, salt=n) for n in (3, 700)]
-    outs = [torch.empty(i.numel() * world, dtype=torch.int32) for i in ins]
-    with dist._coalescing_manager(group=g, async_ops=True, **where) as cm:
-        for o, i in zip(outs, ins):
-            torch_compat.all_gather_single(o, i, group=g)
-    if device is not None:  # the end Work's future: every part's outputs
-        assert len(cm.works) == 1 and len(cm.works[0].get_future().wait()) == 2, cm.works
-    cm.wait()
-    for o, i in zip(outs, ins):
-        check_equal(o, torch.cat([make(q, i.numel(), torch.int32, salt=i.numel()) for q in range(world)]),
-                    "coalesced all_gather_into_tensor" + tag)
-
-    bigs = [make(rank, n * world, torch.float64, salt=n) for n in (2, 600)]
-    outs = [torch.empty(b.numel() // world, dtype=torch.float64) for b in bigs]
-    with dist._coalescing_manager(group=g, **where):
-        for o, b in zip(outs, bigs):
-            torch_compat.reduce_scatter_single(o, b, op=dist.ReduceOp.MAX, group=g)
-    for o, b in zip(outs, bigs):
-        k = o.numel()
-        check_equal(o, gloo_reference(b, ringzero.ReduceOp.MAX, world)[rank * k:(rank + 1) * k],
-                    "coalesced reduce_scatter" + tag)
-    if device is None:
-        return
-
-    # An op torch does not capture runs at once inside the manager; the end Work covers it too (one
-    # handed to gloo likewise: fallbacks()).
-    buf = make(rank, 1031, torch.int64, salt=9) if rank == 0 else torch.zeros(1031, dtype=torch.int64)
-    with dist._coalescing_manager(group=g, async_ops=True, **where) as cm:
-        dist.broadcast(buf, src=0, group=g, async_op=True)
-    cm.wait()
-    check_equal(buf, make(0, 1031, torch.int64, salt=9), "broadcast inside a coalescing manager")
-
-    # An empty bracket gives a completed Work; nesting and an end without a start say what is wrong.
-    with dist._coalescing_manager(group=g, async_ops=True, **where) as cm:
-        pass
-    assert cm.works[0].is_completed() and cm.works[0].get_future().wait() == []
-    g._start_coalescing(device)
-    with pytest.raises(RuntimeError, match="cannot nest"):
-        g._start_coalescing(device)
-    g._end_coalescing(device).wait()
-    with pytest.raises(RuntimeError, match="without startCoalescing"):
-        g._end_coalescing(device)
-
-
-def coalesced_and_special(rank, world, g):
-    coalesced_forms(rank, world, g)
-    coalesced_forms(rank, world, g, torch.device("cpu"))
-
-    # PREMUL_SUM (FSDP2 uses it with gradient_divide_factor): gloo SUM of the premultiplied input.
-    x = make(rank, 999, torch.float32)
-    got = x.clone()
-    dist.all_reduce(got, op=dist._make_nccl_premul_sum(0.25), group=g)
-    check_equal(got, gloo_reference(x * 0.25, ringzero.ReduceOp.SUM, world), "all_reduce PREMUL_SUM")
-
-    # Non-contiguous tensors are staged through a contiguous copy and written back.
-    m = make(rank, 60, torch.float32).view(6, 10).t()
-    want = gloo_reference(m.contiguous(), ringzero.ReduceOp.SUM, world)
-    dist.all_reduce(m, group=g)
-    check_equal(m.contiguous(), want, "all_reduce of a transposed tensor")
-
-    # Dtypes our kernels do not reduce still move, as bytes.
-    for t in (torch.tensor([True, False, rank % 2 == 0]), torch.arange(4).to(torch.complex64) * (rank + 1j)):
-        ref, got = t.clone(), t.clone()
-        dist.broadcast(ref, src=world - 1)
-        dist.broadcast(got, src=world - 1, group=g)
-        check_equal(got, ref, f"broadcast {t.dtype}")
-
-    # Async handles: futures complete with the written tensors and chain like gloo's (DDP comm hooks).
-    x = make(rank, 77, torch.float32)
-    want = gloo_reference(x, ringzero.ReduceOp.SUM, world)
-    work = dist.all_reduce(x, group=g, async_op=True)
-    doubled = work.get_future().then(lambda f: f.value()[0] * 2)
-    assert work.wait()
-    check_equal(doubled.wait(), want * 2, "future chained on an async all_reduce")
-    dist.barrier(group=g)
-
-
-def fallbacks(rank, world, g):
-    """Ops handed to the inner gloo backend give gloo's answer."""
-    x = torch.arange(world * 3, dtype=torch.int64) + 100 * rank
-    want, got = torch.empty_like(x), torch.empty_like(x)
-    dist.all_to_all_single(want, x)
-    dist.all_to_all_single(got, x, group=g)
-    check_equal(got, want, "all_to_all_single")
-
-    dst = world - 1
-    want = [torch.empty(3, dtype=torch.int64) for _ in range(world)] if rank == dst else None
-    got = [torch.empty(3, dtype=torch.int64) for _ in range(world)] if rank == dst else None
-    dist.gather(x[:3], want, dst=dst)
-    dist.gather(x[:3], got, dst=dst, group=g)
-    if rank == dst:
-        check_equal(torch.cat(got), torch.cat(want), "gather")
-
-    chunks = [torch.full((2,), 10 * q + 1.0) for q in range(world)] if rank == 0 else None
-    want, got = torch.empty(2), torch.empty(2)
-    dist.scatter(want, chunks, src=0)
-    dist.scatter(got, chunks, src=0, group=g)
-    check_equal(got, want, "scatter")
-
-    bits = torch.tensor([0b1011, 0b0110, 0b1111], dtype=torch.int32) ^ rank
-    want, got = bits.clone(), bits.clone()
-    dist.all_reduce(want, op=dist.ReduceOp.BAND)
-    dist.all_reduce(got, op=dist.ReduceOp.BAND, group=g)
-    check_equal(got, want, "all_reduce BAND")
-    got = bits.clone()  # inside _coalescing_manager(device=...), the end Work covers gloo's Work too
-    with dist._coalescing_manager(group=g, device=torch.device("cpu"), async_ops=True) as cm:
-        dist.all_reduce(got, op=dist.ReduceOp.BAND, group=g, async_op=True)
-    cm.wait()
-    check_equal(got, want, "all_reduce BAND inside a coalescing manager")
-
-    if world > 1:  # a tag other than 0 is the inner backend's
-        right, left = (rank + 1) % world, (rank - 1) % world
-        recv = torch.empty(5)
-        works = [dist.isend(torch.full((5,), float(rank)), right, group=g, tag=7),
-                 dist.irecv(recv, left, group=g, tag=7)]
-        for w in works:
-            w.wait()
-        check_equal(recv, torch.full((5,), float(left)), "tagged send/recv ring")
-    return ({"alltoall_base", "gather", "scatter", "allreduce", "allreduce_coalesced"} |
-            ({"send", "recv"} if world > 1 else set()))
-
-
-def point_to_point(rank, world, g):
-    """send/recv on our channels against the same exchange over gloo."""
-    right, left = (rank + 1) % world, (rank - 1) % world
-    for dtype in (torch.float32, torch.int64, torch.bfloat16, torch.bool):
-        for n in (0, 1, 5003):  # 5003 elements stream through many 4 KiB slots
-            mine = make(rank, n, torch.int64, salt=5).to(dtype)
-            want, got = torch.zeros(n, dtype=dtype), torch.zeros(n, dtype=dtype)
-            for group, out in ((None, want), (g, got)):
-                works = [dist.isend(mine, right, group=group), dist.irecv(out, left, group=group)]
-                for w in works:
-                    w.wait()
-            check_equal(got, want, f"isend/irecv ring {dtype} n={n}")
-    # Everyone sends to everyone at once (a thread per peer and direction: no ordering deadlock),
-    # into non-contiguous receive buffers.
-    outs = {q: torch.zeros(8, 300).t() for q in range(world) if q != rank}
-    works = [dist.isend(torch.full((300, 8), float(rank * 10 + q)), q, group=g) for q in outs]
-    works += [dist.irecv(outs[q], q, group=g) for q in outs]
-    for w in works:
-        w.wait()
-    for q, out in outs.items():
-        check_equal(out, torch.full((300, 8), float(q * 10 + rank)), f"all-pairs message from {q}")
-    # Blocking calls, paired in order.
-    x = torch.arange(10.0) + rank
-    if rank == 0:
-        dist.send(x, 1, group=g)
-        dist.recv(x, 1, group=g)
-        check_equal(x, torch.arange(10.0) + 1, "blocking recv on rank 0")
-    elif rank == 1:
-        y = torch.empty(10)
-        dist.recv(y, 0, group=g)
-        dist.send(x, 0, group=g)
-        check_equal(y, torch.arange(10.0), "blocking recv on rank 1")
-
-
-def bad_arguments(rank, world, g):
-    with pytest.raises(ValueError, match="world_size"):
-        torch_compat.reduce_scatter_single(torch.empty(3), torch.empty(3 * world + 1), group=g)
-    with pytest.raises(ValueError, match="world_size"):
-        torch_compat.all_gather_single(torch.empty(3 * world + 2), torch.empty(3), group=g)
-    with pytest.raises(TypeError, match="dtype"):
-        torch_compat.all_gather_single(torch.empty(3 * world, dtype=torch.float64), torch.empty(3), group=g)
-    with pytest.raises(ValueError, match="one tensor per rank"):
-        g.allreduce([torch.ones(2), torch.ones(2)]).wait()
-    with pytest.raises(ValueError, match="PREMUL_SUM needs a floating-point"):
-        dist.all_reduce(torch.ones(3, dtype=torch.int32), op=dist._make_nccl_premul_sum(2.0), group=g)
-    # The group still works after the errors (they were raised before anything was queued).
-    x = make(rank, 9, torch.int64)
-    want = gloo_reference(x, ringzero.ReduceOp.SUM, world)
-    dist.all_reduce(x, group=g)
-    check_equal(x, want, "all_reduce after bad arguments")
-
-
-def body(rank, world):
-    g = dist.new_group(backend="ringzero")
-    assert g._get_backend(torch.device("cpu")).uses_shared_memory
-    for dtype in DTYPES:
-        for n in SIZES:
-            reductions(rank, world, g, dtype, n)
-            data_movement(rank, world, g, dtype, n)
-    coalesced_and_special(rank, world, g)
-    if world > 1:
-        point_to_point(rank, world, g)
-    stats = ringzero.backend_stats(g)
-    assert not stats["fallback"], f"an implemented op was handed to gloo: {stats}"
-    assert set(stats["native"]) == IMPLEMENTED | ({"send", "recv"} if world > 1 else set()), stats
-    handed_on = fallbacks(rank, world, g)
-    stats = ringzero.backend_stats(g)
-    assert set(stats["fallback"]) == handed_on, stats
-    bad_arguments(rank, world, g)
-    return sum(stats["native"].values())
+from reference import SMALL_BUFFERS
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4, 5])
 def test_backend_ops_match_gloo(world):
-    calls = run_ranks(world, body, env=SMALL_BUFFERS)
-    assert all(c > 0 for c in calls)
+    out = run_ranks(world, body, env=SMALL_BUFFERS)
+    assert all(calls > 0 and kind is None for calls, kind in out)
 
 
 def test_collective_mismatch_is_reported():
@@ -318,22 +52,13 @@ def test_timeout_names_the_missing_rank():
     assert all(run_ranks(2, body_, env={"RINGZERO_TIMEOUT_S": "2"}))
 
 
-def test_group_across_hosts_hands_everything_to_gloo():
-    """A group whose ranks are on different hosts (forced with RINGZERO_HOST_ID) has no shared
-    segment: every op goes to the inner gloo backend and gives gloo's answer."""
-    def body_(rank, world):
-        g = dist.new_group(backend="ringzero")
-        assert not g._get_backend(torch.device("cpu")).uses_shared_memory
-        x = make(rank, 1031, torch.float32)
-        got = x.clone()
-        dist.all_reduce(got, group=g)
-        check_equal(got, gloo_reference(x, ringzero.ReduceOp.SUM, world), "all_reduce across hosts")
-        out = torch.empty(1031 * world)
-        torch_compat.all_gather_single(out, x, group=g)
-        check_equal(out, torch.cat([make(q, 1031, torch.float32) for q in range(world)]), "all_gather across hosts")
-        dist.barrier(group=g)
-        stats = ringzero.backend_stats(g)
-        assert not stats["native"] and set(stats["fallback"]) == {"allreduce", "all_gather_into_tensor", "barrier"}
-        return True
-
-    assert all(run_ranks(3, body_, env={**SMALL_BUFFERS, "RINGZERO_HOST_IDS": "a,b,a"}))
+@pytest.mark.parametrize("hosts,kind", [("a,b", "NetworkRing"), ("a,a,b,b", "Hierarchical"), ("a,b,a", "NetworkRing"),
+                                        ("a,b,c", "NetworkRing"), ("a,b,a,b,a,b", "Hierarchical")])
+def test_group_across_hosts_runs_ringzero_collectives(hosts, kind):
+    """A group whose ranks are on different hosts (forced with RINGZERO_HOST_ID): every collective runs on
+    ringzero's engine across hosts (backend_stats: native), the one ringzero.* runs for that layout: the
+    hierarchical form for equal hosts of several ranks (a,a,b,b), else the flat ring; and gives gloo's
+    answer, op by op as on one host. Point-to-point and the ops ringzero lacks go to gloo."""
+    world = len(hosts.split(","))
+    out = run_ranks(world, body, True, [0, 1, 13, 1031], env={**SMALL_BUFFERS, "RINGZERO_HOST_IDS": hosts})
+    assert all(calls > 0 and got == kind for calls, got in out), out

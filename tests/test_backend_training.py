@@ -1,7 +1,8 @@
 """Stock torch DDP (built-in reduction, and torch's Python allreduce comm hook, which chains on the
 Work's future), stock FSDP2 (torch.distributed.fsdp.fully_shard) and stock DDP under torch.compile on
 the "ringzero" backend against the same runs on gloo: a tiny ringzero.models.GPT, AdamW, 20 steps (5
-compiled), world sizes 2 and 4 (2 compiled).
+compiled), world sizes 2 and 4 (2 compiled), on one host and as a group spanning hosts (forced with
+RINGZERO_HOST_ID: 2 hosts of 1 and of 2 ranks).
 
 Reference: the same training on the harness's gloo group, in the same processes, from the same seed
 and data. With 2 ranks a float32 sum has one order, so the parameters must be bitwise equal. With 4
@@ -33,9 +34,11 @@ def body(rank, world):
     return results, ringzero.backend_stats(g)
 
 
-@pytest.mark.parametrize("world", [2, 4])
-def test_ddp_and_fsdp2_match_gloo(world):
-    out = run_ranks(world, body, timeout_s=600)
+@pytest.mark.parametrize("world,hosts", [(2, None), (4, None), (2, "a,b"), (4, "a,a,b,b")])
+def test_ddp_and_fsdp2_match_gloo(world, hosts):
+    """hosts: RINGZERO_HOST_ID per rank, a group spanning hosts: its collectives run on the engine across
+    hosts (the flat ring for a,b; shared memory in each host and the rings between for a,a,b,b)."""
+    out = run_ranks(world, body, timeout_s=600, env={"RINGZERO_HOST_IDS": hosts} if hosts else None)
     for rank, (results, stats) in enumerate(out):
         for name, (diff, equal, numel) in results.items():
             assert numel > 10_000

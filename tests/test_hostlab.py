@@ -101,6 +101,29 @@ def test_collectives_across_hosts_match_gloo(labs, tmp_path, ranks_per_host, hie
     print(f"{ranks_per_host}: {res[0]['mode']}, {res[0]['cases']} cases per rank, {time.monotonic() - t0:.1f} s")
 
 
+BACKEND_TRAIN_ATOL = 2e-3
+"""Stock DDP/FSDP2 on the swap-in against gloo after 20 steps: our rings add in another order than gloo's,
+and AdamW amplifies the last bits (tests/test_backend_training.py states the same bound at 4 ranks)."""
+
+
+@pytest.mark.parametrize("ranks_per_host,kind", [([2, 2], "Hierarchical"), ([1, 2], "NetworkRing")])
+def test_swap_in_backend_across_hosts_matches_gloo(labs, tmp_path, ranks_per_host, kind):
+    """init_process_group-style groups of backend "ringzero" spanning the lab's hosts: every collective runs
+    on ringzero's engine across hosts (backend_stats: native; the transport ringzero.* picks for the same
+    layout) and gives gloo's answer op by op (tests/backend_cases.py); stock DDP and FSDP2 on it stay within
+    BACKEND_TRAIN_ATOL of the same training on gloo."""
+    lab = labs(len(ranks_per_host))
+    runs = lab.run(ranks_per_host, [*RANKS, "backend", "--out", str(tmp_path)], SMALL_BUFFERS, LAUNCH_TIMEOUT_S)
+    check_run(runs, ranks_per_host)
+    for r in results(tmp_path, sum(ranks_per_host)):
+        assert r["mode"] == kind and r["cases"] > 0, r
+        for name, t in r["training"].items():
+            assert t["max_diff"] <= BACKEND_TRAIN_ATOL, (r["rank"], name, t)
+        assert not r["stats"]["fallback"], r["stats"]
+        for op in ("allreduce", "all_gather_into_tensor", "reduce_scatter_tensor"):
+            assert r["stats"]["native"].get(op, 0) >= 20, r["stats"]
+
+
 def test_hosts_with_one_hostname_are_told_apart_by_their_shm(tmp_path):
     """[Note: host identity]: same kernel, same hostname, separate /dev/shm -> separate hosts."""
     with hostlab.HostLab(2, same_hostname=True) as lab:
@@ -112,17 +135,19 @@ def test_hosts_with_one_hostname_are_told_apart_by_their_shm(tmp_path):
     check_layout(res, [2, 2], True)
 
 
-@pytest.mark.parametrize("mib", [1, 16])  # 1 MiB: in one piece; 16 MiB: pipelined (its worker thread, a tag per segment)
-def test_cut_link_raises_comm_timeout_naming_the_far_side(tmp_path, mib):
+@pytest.mark.parametrize("mib,door", [(1, "ringzero"), (16, "ringzero"), (16, "backend")])
+def test_cut_link_raises_comm_timeout_naming_the_far_side(tmp_path, mib, door):
     """Host 1's bridge port goes down during all-reduces of 2 hosts x 2 ranks: every rank raises
     CommTimeout within RINGZERO_TIMEOUT_S + FAULT_MARGIN_S of the cut, naming a rank of the other host: its
     peer in the cross-host ring or, when it waited for its local peer in a shared-memory step, that peer's
     (from the segment while the peer waits, quoted from the peer's failure after), or else the local peer
     that gave up first as exited; nothing is left in either host's /dev/shm. (Before the segment said where
-    a peer waits, a rank whose clock ran out first named only its local peer: seen once in CI, 2026-11-26.)"""
+    a peer waits, a rank whose clock ran out first named only its local peer: seen once in CI, 2026-11-26.)
+    1 MiB: in one piece; 16 MiB: pipelined (its worker thread, a tag per segment). door: ringzero.all_reduce,
+    or dist.all_reduce on a group of the swap-in backend (its engine runs the same transport)."""
     out = str(tmp_path)
     with hostlab.HostLab(2) as lab:
-        procs = lab.start([2, 2], [*RANKS, "fault", "--out", out, "--mib", str(mib)],
+        procs = lab.start([2, 2], [*RANKS, "fault", "--out", out, "--mib", str(mib), *(["--backend"] * (door == "backend"))],
                            {"RINGZERO_TIMEOUT_S": str(FAULT_TIMEOUT_S)})
         deadline = time.monotonic() + LAUNCH_TIMEOUT_S
         while len(glob.glob(os.path.join(out, "ready*"))) < 4:

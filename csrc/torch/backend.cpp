@@ -41,11 +41,13 @@ size_t RingzeroBackend::p2p_slot_bytes() const { return std::min(config_.slot_by
 
 RingzeroBackend::RingzeroBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                  BackendConfig config, c10::intrusive_ptr<c10d::Backend> cpu_fallback,
-                                 c10::intrusive_ptr<c10d::Backend> cuda_fallback, CudaSetup cuda_setup)
+                                 c10::intrusive_ptr<c10d::Backend> cuda_fallback, CudaSetup cuda_setup,
+                                 HostsEngine hosts_engine)
     : c10d::Backend(rank, size),
       config_(std::move(config)),
       cpu_fallback_(std::move(cpu_fallback)),
       cuda_fallback_(std::move(cuda_fallback)),
+      hosts_(config_.spans_hosts ? std::move(hosts_engine) : HostsEngine{}, rank, size),
       cuda_setup_(std::move(cuda_setup)) {
   TORCH_CHECK_VALUE(cpu_fallback_, "ringzero backend needs an inner CPU backend (gloo) for the ops it hands on");
   TORCH_CHECK_VALUE(config_.timeout_s > 0, "timeout must be positive, got ", config_.timeout_s, " s");
@@ -74,23 +76,19 @@ SerialExecutor& RingzeroBackend::peer_executor(bool sending, int peer) {
   return *ex;
 }
 
-// Every rank publishes its host id. If all agree, rank 0 creates the two segments (collectives and
-// point-to-point) and publishes their names, the others open them and report, rank 0 unlinks them
-// once all have reported (so a killed process leaks nothing) and publishes the verdict. Every store wait is bounded by the timeout.
+// A group on one host (the creator decided it: config_.spans_hosts is false): rank 0 creates the two
+// segments (collectives and point-to-point) and publishes their names, the others open them and
+// report, rank 0 unlinks them once all have reported (so a killed process leaks nothing) and publishes
+// the verdict. Every store wait is bounded by the timeout. A group spanning hosts makes no segment: its
+// CPU collectives run on the hosts engine (which has its own segment per host), the rest on gloo.
 void RingzeroBackend::rendezvous(const c10::intrusive_ptr<c10d::Store>& store) {
   const auto timeout = to_ms(config_.timeout_s);
   const int rank = getRank(), size = getSize();
-  store->set(key("host", rank), config_.host_id);
-  std::vector<std::string> host_keys;
-  for (int r = 0; r < size; ++r) host_keys.push_back(key("host", r));
-  store->wait(host_keys, timeout);
-  for (int r = 0; r < size; ++r)
-    if (store->get_to_str(host_keys[r]) != config_.host_id) {
-      // The group spans hosts: the shared-memory path does not apply; the inner backend runs it all.
-      debug_log("group rank " + std::to_string(rank) + " of " + std::to_string(size) +
-                " spans several hosts; every op goes to the inner backend");
-      return;
-    }
+  if (config_.spans_hosts) {
+    debug_log("group rank " + std::to_string(rank) + " of " + std::to_string(size) + " spans several hosts; " +
+              (hosts_ ? "its CPU collectives run on ringzero's engine across hosts" : "every op goes to the inner backend"));
+    return;
+  }
 
   std::string error;
   if (rank == 0) {
@@ -172,8 +170,9 @@ std::map<std::string, std::map<std::string, int64_t>> RingzeroBackend::stats(c10
 
 c10d::Backend* RingzeroBackend::route(const at::Device& device, const char* op, bool native_ok, bool collective) {
   if (device.is_cpu()) {
-    count(shm_ && native_ok, device.type(), op);
-    return shm_ && native_ok ? nullptr : cpu_fallback_.get();
+    const bool ours = (shm_ || (hosts_ && collective)) && native_ok;
+    count(ours, device.type(), op);
+    return ours ? nullptr : cpu_fallback_.get();
   }
   if (device.is_cuda()) {
     CudaLane* lane = cuda_lane(device, op, collective);

@@ -24,6 +24,7 @@
 #include "core/shm_comm.h"
 #include "core/shm_p2p.h"
 #include "backend_cuda.h"
+#include "backend_hosts.h"
 #include "backend_work.h"
 
 namespace ringzero {
@@ -35,6 +36,9 @@ struct BackendConfig {
   double timeout_s = 300;  // every shared-memory wait and store wait ends after this
   size_t slot_bytes = 1 << 20;                            // RINGZERO_SHM_BUFFER_BYTES
   AllReduceAlgo all_reduce_algo = AllReduceAlgo::Auto;  // RINGZERO_ALLREDUCE_ALGO; Auto chooses by size
+  // The group's ranks are on several hosts: decided by the creator from the host exchange (the one
+  // decision of the layout, comm/transports.py pick_transport); no shared-memory segment is made then.
+  bool spans_hosts = false;
 };
 
 class RingzeroBackend : public c10d::Backend {
@@ -42,13 +46,16 @@ class RingzeroBackend : public c10d::Backend {
   // Collective over the group: every rank constructs it with the same store (already prefixed for
   // this group). `cpu_fallback` is required; `cuda_fallback` may be null (no NCCL here); `cuda_setup`
   // is empty where this build or machine has no CUDA path (CUDA ops then all go to `cuda_fallback`).
+  // `hosts_engine` runs the CPU collectives of a group that spans hosts (config.spans_hosts); without
+  // it those go to `cpu_fallback`.
   RingzeroBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, BackendConfig config,
                   c10::intrusive_ptr<c10d::Backend> cpu_fallback, c10::intrusive_ptr<c10d::Backend> cuda_fallback,
-                  CudaSetup cuda_setup = {});
+                  CudaSetup cuda_setup = {}, HostsEngine hosts_engine = {});
   ~RingzeroBackend() override;
 
   const std::string getBackendName() const override { return "ringzero"; }
   bool uses_shared_memory() const { return shm_ != nullptr; }
+  bool runs_across_hosts() const { return static_cast<bool>(hosts_); }
   // {"native": {op: calls}, "fallback": {op: calls}} for tensors of `device_type`, as plain maps.
   std::map<std::string, std::map<std::string, int64_t>> stats(c10::DeviceType device_type) const;
 
@@ -155,6 +162,7 @@ class RingzeroBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Backend> cuda_fallback_;
   std::unique_ptr<ShmComm> shm_;  // null when the group spans hosts
   std::unique_ptr<ShmP2P> p2p_;   // likewise
+  HostsComm hosts_;               // the engine of a group spanning hosts; empty otherwise
   uint64_t seq_ = 0;              // collectives queued on the shared-memory path
   mutable std::mutex stats_mu_;
   std::map<std::pair<bool, c10::DeviceType>, std::map<std::string, int64_t>> calls_;  // (native, device) -> op -> n

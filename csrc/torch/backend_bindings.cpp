@@ -5,6 +5,7 @@
 #include <torch/extension.h>
 
 #include "backend.h"
+#include "core/errors.h"
 
 namespace py = pybind11;
 
@@ -44,19 +45,51 @@ c10::intrusive_ptr<T> share(T* p) {
   return p ? c10::intrusive_ptr<T>::unsafe_reclaim_from_nonowning(p) : c10::intrusive_ptr<T>();
 }
 
+// A Python object that C++ threads may hold: dropped with the GIL taken, and leaked if Python is already
+// finalising.
+std::shared_ptr<py::object> held_with_gil(py::object obj) {
+  return std::shared_ptr<py::object>(new py::object(std::move(obj)), [](py::object* p) {
+    if (!Py_IsInitialized()) return;
+    py::gil_scoped_acquire gil;
+    delete p;
+  });
+}
+
 // The Python setup function of the CUDA lane as the backend's CudaSetup: called with the GIL taken
 // (c10d ops arrive without it); its result is a ringzero._C.CudaBackendPeers (cuda_bindings.cpp). The
 // function object is dropped with the GIL held, and leaked if Python is already finalising.
 ringzero::CudaSetup cuda_setup_of(py::object fn) {
   if (fn.is_none()) return {};
-  std::shared_ptr<py::object> held(new py::object(std::move(fn)), [](py::object* p) {
-    if (!Py_IsInitialized()) return;
-    py::gil_scoped_acquire gil;
-    delete p;
-  });
+  std::shared_ptr<py::object> held = held_with_gil(std::move(fn));
   return [held](int device_index) {
     py::gil_scoped_acquire gil;
     return (*held)(device_index).cast<ringzero::CudaPeers>();
+  };
+}
+
+// The Python HostsEngine (comm/backend.py) as the backend's HostsEngine: called on the backend's worker
+// thread, which takes the GIL for the call (the engine's waits on gloo release it again). What the
+// engine raises comes back as the core's error of the same kind (module.cpp maps those to
+// ringzero.CommTimeout and ringzero.CollectiveMismatch), its message kept, so that Work.wait() says what
+// the engine said. Dropped with the GIL held, and leaked if Python is already finalising.
+ringzero::HostsEngine hosts_engine_of(py::object engine) {
+  if (engine.is_none()) return {};
+  std::shared_ptr<py::object> held = held_with_gil(std::move(engine));
+  return [held](const std::string& op, const std::vector<at::Tensor>& tensors, const std::vector<int64_t>& args) {
+    std::string kind, message;
+    {
+      py::gil_scoped_acquire gil;
+      try {
+        (*held)(op, tensors, args);
+        return;
+      } catch (py::error_already_set& e) {
+        kind = py::str(e.type().attr("__name__")).cast<std::string>();
+        message = py::str(e.value()).cast<std::string>();
+      }
+    }
+    if (kind == "CommTimeout") throw ringzero::CommTimeoutError(message);
+    if (kind == "CollectiveMismatch") throw ringzero::CollectiveMismatchError(message);
+    throw ringzero::CommError("ringzero " + op + " across hosts failed: " + kind + ": " + message);
   };
 }
 
@@ -68,13 +101,16 @@ void bind_backend(py::module_& m) {
   using ringzero::RingzeroBackend;
   py::module_::import("torch._C._distributed_c10d");  // registers c10d.Backend, our base
   py::class_<ringzero::BackendConfig>(m, "BackendConfig", "What the c10d backend is built with (see backend.h)")
-      .def(py::init([](std::string host_id, double timeout_s, size_t slot_bytes, int all_reduce_algo) {
+      .def(py::init([](std::string host_id, double timeout_s, size_t slot_bytes, int all_reduce_algo,
+                       bool spans_hosts) {
              TORCH_CHECK_VALUE(all_reduce_algo >= 0 && all_reduce_algo < ringzero::kNumAllReduceAlgos,
                                "all_reduce_algo must be one of ringzero._C.ALL_REDUCE_ALGOS, got ", all_reduce_algo);
              return ringzero::BackendConfig{std::move(host_id), timeout_s, slot_bytes,
-                                            static_cast<ringzero::AllReduceAlgo>(all_reduce_algo)};
+                                            static_cast<ringzero::AllReduceAlgo>(all_reduce_algo), spans_hosts};
            }),
-           py::arg("host_id"), py::arg("timeout_s"), py::arg("slot_bytes"), py::arg("all_reduce_algo"))
+           py::arg("host_id"), py::arg("timeout_s"), py::arg("slot_bytes"), py::arg("all_reduce_algo"),
+           py::arg("spans_hosts") = false)
+      .def_readonly("spans_hosts", &ringzero::BackendConfig::spans_hosts)
       .def_readonly("host_id", &ringzero::BackendConfig::host_id)
       .def_readonly("timeout_s", &ringzero::BackendConfig::timeout_s)
       .def_readonly("slot_bytes", &ringzero::BackendConfig::slot_bytes)
@@ -83,19 +119,27 @@ void bind_backend(py::module_& m) {
   py::class_<RingzeroBackend, c10d::Backend, NoGilPtr<RingzeroBackend>>(m, "RingzeroBackend",
                                                                          "ringzero's c10d backend (see backend.h)")
       .def(py::init([](c10d::Store* store, int rank, int size, const ringzero::BackendConfig& config,
-                       c10d::Backend* cpu_fallback, c10d::Backend* cuda_fallback, py::object cuda_setup) {
+                       c10d::Backend* cpu_fallback, c10d::Backend* cuda_fallback, py::object cuda_setup,
+                       py::object hosts_engine) {
              TORCH_CHECK_VALUE(store, "store must not be None");
+             TORCH_CHECK_VALUE(hosts_engine.is_none() || config.spans_hosts, "hosts_engine is for a group that spans "
+                               "hosts; pass config.spans_hosts=True with it, or no engine");
              ringzero::CudaSetup setup = cuda_setup_of(std::move(cuda_setup));
+             ringzero::HostsEngine engine = hosts_engine_of(std::move(hosts_engine));
              py::gil_scoped_release nogil;  // the rendezvous waits for every rank
              return NoGilPtr<RingzeroBackend>(c10::make_intrusive<RingzeroBackend>(
-                 share(store), rank, size, config, share(cpu_fallback), share(cuda_fallback), std::move(setup)));
+                 share(store), rank, size, config, share(cpu_fallback), share(cuda_fallback), std::move(setup),
+                 std::move(engine)));
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("config"), py::arg("cpu_fallback"),
-           py::arg("cuda_fallback") = nullptr, py::arg("cuda_setup") = py::none(),
+           py::arg("cuda_fallback") = nullptr, py::arg("cuda_setup") = py::none(), py::arg("hosts_engine") = py::none(),
            "Collective over the group: rendezvous of the shared-memory segment through `store`. cuda_setup(device_index) "
-           "-> CudaBackendPeers is called once, at the first CUDA collective (comm/backend.py).")
+           "-> CudaBackendPeers is called once, at the first CUDA collective; hosts_engine(op, tensors, args) runs the "
+           "CPU collectives of a group spanning hosts (comm/backend.py).")
       .def_property_readonly("uses_shared_memory", &RingzeroBackend::uses_shared_memory,
-                             "False when the group spans hosts (every op then goes to the inner backend)")
+                             "False when the group spans hosts")
+      .def_property_readonly("runs_across_hosts", &RingzeroBackend::runs_across_hosts,
+                             "True when the group spans hosts and its CPU collectives run on ringzero's engine")
       .def("stats", [](const RingzeroBackend& b, const std::string& device) { return b.stats(c10::Device(device).type()); },
            py::arg("device") = "cpu",
            "{'native': {op: calls}, 'fallback': {op: calls}}: which ops on tensors of `device` ran on our kernels");

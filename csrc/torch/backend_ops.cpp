@@ -1,5 +1,6 @@
-// The collectives RingzeroBackend runs itself: CPU tensors on the shared-memory communicator (csrc/core),
-// CUDA tensors on the CUDA lane (backend_cuda.h). Each op validates its arguments on the caller's thread
+// The collectives RingzeroBackend runs itself: CPU tensors on the shared-memory communicator (csrc/core)
+// or, for a group spanning hosts, on the hosts engine (backend_hosts.h), CUDA tensors on the CUDA lane
+// (backend_cuda.h). Each op validates its arguments on the caller's thread
 // (a clear ValueError/TypeError naming the argument), decides whether our kernels on that device can
 // take it, and submits one body written against ShmComm's vocabulary, which both communicators speak.
 // Non-contiguous tensors are staged through a contiguous copy inside the body: on the worker thread
@@ -164,6 +165,8 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::submit(const at::Device& device,
     used.insert(used.end(), inputs.begin(), inputs.end());
     return track(cuda_->launch(type, std::move(outputs), used, ++seq_, [body](CudaComm& c) { body(c); }));
   }
+  if (hosts_)  // a group spanning hosts: the engine's rings wait up to RINGZERO_TIMEOUT_S per call
+    return enqueue_on(executor_, type, std::move(outputs), [this, body] { body(hosts_); });
   return enqueue(type, std::move(outputs), timeout, [body](ShmComm& c) { body(c); });
 }
 
@@ -432,6 +435,11 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::barrier(const c10d::BarrierOptio
     std::lock_guard<std::mutex> lock(cuda_mu_);
     if (cuda_) cuda_done = cuda_->host_fence();
   }
+  if (hosts_)
+    return enqueue_on(executor_, c10d::OpType::BARRIER, {}, [this, cuda_done] {
+      if (cuda_done) cuda_done();
+      hosts_.barrier();
+    });
   return enqueue(c10d::OpType::BARRIER, {}, opts.timeout, [cuda_done](ShmComm& c) {
     if (cuda_done) cuda_done();
     c.barrier();

@@ -9,29 +9,104 @@ itself is C++ (csrc/torch/backend.h); this module builds it with the inner backe
 rest to (gloo for CPU tensors, NCCL for CUDA tensors when torch has it and a GPU is visible) and,
 in a CUDA build, with CudaSetup: the CUDA peer communicator made at the group's first CUDA collective
 ([Note: CUDA tensors in the backend], csrc/torch/backend_cuda.h).
+
+A group that spans hosts gets a HostsEngine: the same transport ringzero.* runs for that layout
+(transports.pick_transport: shared memory in each host and the pipelined rings between hosts, or the
+flat ring), over a gloo backend of its own for the bytes between hosts. The C++ backend hands it the
+CPU collectives it would run on shared memory for a group on one host ([Note: one engine behind every
+door], docs/design.md).
 """
 from __future__ import annotations
 
 import datetime
+import weakref
 
 import torch
 import torch.distributed as dist
 
 from .. import _C
+from .communicator import host_segment
 from .config import Config, from_env
 from .cuda import finish_setup, open_ipc_peers
 from .host_group import HostGroup
+from .ring import BackendLink, P2PRing
 from .topology import host_id
+from .transports import RunningCall, pick_transport
+from .types import ReduceOp
 
 BACKEND_NAME = "ringzero"
 
 
-def backend_config(config: Config, timeout: datetime.timedelta) -> "_C.BackendConfig":
+def backend_config(config: Config, timeout: datetime.timedelta, spans_hosts: bool = False) -> "_C.BackendConfig":
     """What the C++ backend takes from the validated configuration: the host identity, RINGZERO_TIMEOUT_S
-    when set (else the timeout given to init_process_group / new_group), the shared-memory slot and the
-    all-reduce algorithm."""
+    when set (else the timeout given to init_process_group / new_group), the shared-memory slot, the
+    all-reduce algorithm, and whether the group spans hosts (decided here, from the HostGroup's topology:
+    the C++ side never decides it)."""
     return _C.BackendConfig(host_id=host_id(config.host_id), timeout_s=config.timeout_or(timeout.total_seconds()),
-                            slot_bytes=config.shm_buffer_bytes, all_reduce_algo=config.algo_code)
+                            slot_bytes=config.shm_buffer_bytes, all_reduce_algo=config.algo_code,
+                            spans_hosts=spans_hosts)
+
+
+_ENGINES: list = []  # weak references to this process's engines (hosts_engines())
+
+
+def hosts_engines() -> list["HostsEngine"]:
+    """The engines of this process's swap-in groups that span hosts and are still alive, oldest first
+    (tests read their .kind, the transport pick_transport chose)."""
+    _ENGINES[:] = [r for r in _ENGINES if r() is not None]
+    return [r() for r in _ENGINES]
+
+
+class HostsEngine:
+    """The CPU collectives of a swap-in group that spans hosts: the transport ringzero.* runs for the same
+    layout (transports.pick_transport), over `link_backend` (a ProcessGroupGloo of the engine's own, so that
+    its messages never meet the user's send/recv or gloo's collectives). The C++ backend calls it on its
+    worker thread, in call order, with the GIL taken: engine(op, tensors, args) where tensors are
+    contiguous CPU tensors the backend staged and args the op's integers (csrc/torch/backend_hosts.cpp):
+
+      all_reduce      [x]              [reduce op]          in place
+      reduce_scatter  [out, inp]       [reduce op]          out gets this rank's block
+      all_gather      [out, inp]       [] or every count    out gets every rank's inp, in rank order
+      broadcast       [x]              [root]
+      reduce          [x]              [root, reduce op]    the result lands on root
+      barrier         []               []
+    """
+
+    def __init__(self, hg: HostGroup, config: Config, link_backend, timeout_s: float):
+        topo = hg.topology
+        self.link_backend = link_backend
+        self.running = RunningCall()
+        self.shm = host_segment(hg, config.shm_buffer_bytes, timeout_s) if topo.local_world > 1 else None
+        if self.shm is not None:
+            self.shm.set_spin(False)  # the engine waits while the training thread computes (as the C++ path)
+        link = BackendLink(link_backend)
+        make_ring = lambda members, pos: P2PRing(None, members, pos, timeout_s, config.ring_slice_bytes, link)  # noqa: E731
+        self.transport, _, _ = pick_transport(topo, hg.rank, hg.world, self.shm, config.algo_code, make_ring,
+                                              self.running, config.debug)
+        self.kind = type(self.transport).__name__  # "Hierarchical" or "NetworkRing"
+        _ENGINES.append(weakref.ref(self))
+
+    def __call__(self, op: str, tensors: list, args: list):
+        self.running.seq += 1
+        t = self.transport
+        if op == "all_reduce":
+            t.all_reduce(tensors[0], ReduceOp(args[0]))
+        elif op == "reduce_scatter":
+            t.reduce_scatter(tensors[0], tensors[1], ReduceOp(args[0]))
+        elif op == "all_gather":
+            t.all_gather(tensors[0], tensors[1], list(args) if args else None)
+        elif op == "broadcast":
+            t.broadcast(tensors[0], args[0])
+        elif op == "reduce":
+            t.reduce(tensors[0], args[0], ReduceOp(args[1]))
+        elif op == "barrier":
+            t.barrier()
+        else:
+            raise ValueError(f"ringzero backend engine: unknown op {op!r}")
+
+    def close(self):
+        if hasattr(self.transport, "close"):
+            self.transport.close()
 
 
 def _inner_cuda_backend(store, rank: int, size: int, timeout):
@@ -78,17 +153,24 @@ def _create_backend(dist_opts, backend_options=None):
     if not isinstance(timeout, datetime.timedelta):
         timeout = datetime.timedelta(seconds=float(timeout))
     env = from_env()
-    config = backend_config(env, timeout)  # validated before any inner backend is built
-    # The host exchange that places the ranks on cpus ([Note: binding at setup], comm/affinity.py); the
-    # C++ backend meets its host's ranks on its own, for the shared-memory segment.
-    HostGroup.from_store(dist.PrefixStore("placement/", store), rank, size, env, config.timeout_s,
-                         "ringzero: placing the ranks on cpus (init_process_group)")
+    timeout_s = backend_config(env, timeout).timeout_s  # validated before anything is exchanged
+    # The host exchange: which ranks share a host (the one decision of the layout, handed to C++ as
+    # spans_hosts), and the ranks placed on cpus ([Note: binding at setup], comm/affinity.py). The C++
+    # backend of a group on one host meets its ranks on its own, for the shared-memory segment.
+    hg = HostGroup.from_store(dist.PrefixStore("placement/", store), rank, size, env, timeout_s,
+                              "ringzero: setting up the backend (init_process_group / new_group)")
+    spans_hosts = not hg.topology.single_host
+    config = backend_config(env, timeout, spans_hosts)
     gloo = ProcessGroupGloo(dist.PrefixStore("gloo/", store), rank, size, timeout)
+    engine = None
+    if spans_hosts:  # its own gloo: the engine's tags and ordering never meet the inner backend's ops
+        engine = HostsEngine(hg, env, ProcessGroupGloo(dist.PrefixStore("engine-gloo/", store), rank, size, timeout),
+                             timeout_s)
     cuda = _inner_cuda_backend(store, rank, size, timeout)
     setup = None
     if getattr(_C, "has_cuda", False) and torch.cuda.is_available():
         setup = CudaSetup(store, rank, size, env, config.timeout_s)
-    return _C.RingzeroBackend(store, rank, size, config, gloo, cuda, setup)
+    return _C.RingzeroBackend(store, rank, size, config, gloo, cuda, setup, engine)
 
 
 def register() -> None:

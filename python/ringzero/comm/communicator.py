@@ -28,12 +28,25 @@ from .errors import CollectiveMismatch, CommTimeout
 from .flight import FlightRecorder
 from .host_group import HostGroup
 from .ring import P2PRing
-from .transports import Hierarchical, NetworkRing, RunningCall, SharedMemory, Solo
+from .transports import RunningCall, SharedMemory, pick_transport
 from .types import ReduceOp
 from .work import Work
 
 
 _TWO_ARGS = object()  # run_direct's `c` when the native entry takes two arguments (all_gather)
+
+
+def host_segment(hg: HostGroup, slot_bytes: int, timeout_s: float):
+    """This host's shared-memory communicator for the group of `hg` (its local ranks), made by the host's
+    first rank and opened by the others (HostGroup.share_segment), placed on the host's cpus."""
+    topo = hg.topology
+    shm = hg.share_segment(
+        "shm",
+        create=lambda: _C.ShmComm("", 0, topo.local_world, slot_bytes, timeout_s, topo.local_ranks),
+        open_=lambda name: _C.ShmComm(name, topo.local_rank, topo.local_world, slot_bytes, timeout_s,
+                                      topo.local_ranks))
+    shm.set_host_cpus(hg.local_cpus)
+    return shm
 
 
 class Communicator:
@@ -74,32 +87,15 @@ class Communicator:
         self._bind_direct()
 
     def _setup_shm(self):
-        """This host's shared-memory segment, made by its first rank and opened by the others through
-        the HostGroup (comm/host_group.py share_segment)."""
-        shm = self.host_group.share_segment(
-            "shm",
-            create=lambda: _C.ShmComm("", 0, self.local_world, self.slot_bytes, self.timeout_s, self.local_ranks),
-            open_=lambda name: _C.ShmComm(name, self.local_rank, self.local_world, self.slot_bytes, self.timeout_s,
-                                          self.local_ranks))
-        shm.set_host_cpus(self.host_group.local_cpus)
-        return shm
+        return host_segment(self.host_group, self.slot_bytes, self.timeout_s)
 
     def _pick_transport(self, topo):
-        """The CPU transport of this group, decided once from its topology (every rank decides alike)."""
-        if self.world == 1:
-            return Solo()
-        if self.single_host:
-            return SharedMemory(self.shm, self.algo)
-        self.flat_ring = P2PRing(self.group, self.global_ranks, self.rank, self.timeout_s, self.ring_slice_bytes)
-        if not self.hierarchical:
-            return NetworkRing(self.flat_ring, self._running, self.rank, self.world, self.debug)
-        ring = topo.cross_ring
-        pos = ring.index(self.rank)
-        self.cross_ring = P2PRing(self.group, [self.global_ranks[r] for r in ring], pos, self.timeout_s,
-                                  self.ring_slice_bytes)
-        cross_peers = sorted({ring[(pos - 1) % len(ring)], ring[(pos + 1) % len(ring)]})
-        return Hierarchical(self.flat_ring, self.cross_ring, cross_peers, self.shm, self.local_world, self._running,
-                            self.rank, self.world, self.debug, [list(r) for r in topo.hosts.values()])
+        """The CPU transport of this group: transports.pick_transport, the one decision for every door."""
+        make_ring = lambda members, pos: P2PRing(  # noqa: E731
+            self.group, [self.global_ranks[r] for r in members], pos, self.timeout_s, self.ring_slice_bytes)
+        transport, self.flat_ring, self.cross_ring = pick_transport(topo, self.rank, self.world, self.shm, self.algo,
+                                                                    make_ring, self._running, self.debug)
+        return transport
 
     # [Note: the api's fast path] A blocking all_reduce, reduce_scatter_single or all_gather_single on a
     # group whose every rank shares this host's memory goes straight to the native entry (_C.shm_direct,

@@ -25,6 +25,34 @@ from .errors import CommError, CommTimeout
 from .types import ReduceOp
 
 
+class DistLink:
+    """Point-to-point through torch.distributed on a ProcessGroup (peers are global ranks)."""
+
+    def __init__(self, group):
+        self.group = group
+
+    def isend(self, t: torch.Tensor, peer: int, tag: int):
+        return dist.isend(t, peer, group=self.group, tag=tag)
+
+    def irecv(self, t: torch.Tensor, peer: int, tag: int):
+        return dist.irecv(t, peer, group=self.group, tag=tag)
+
+
+class BackendLink:
+    """Point-to-point on a bare c10d backend (a ProcessGroupGloo the swap-in backend made for its engine,
+    before torch has a ProcessGroup for the group): peers are group ranks. Its Works wait as
+    torch.distributed's do."""
+
+    def __init__(self, backend):
+        self.backend = backend
+
+    def isend(self, t: torch.Tensor, peer: int, tag: int):
+        return self.backend.send([t], peer, tag)
+
+    def irecv(self, t: torch.Tensor, peer: int, tag: int):
+        return self.backend.recv([t], peer, tag)
+
+
 class P2PRing:
     """A ring of `members` (global ranks, in ring order) inside `group`; this process is members[pos].
 
@@ -32,8 +60,11 @@ class P2PRing:
     sizes. `label` gives the op name and sequence number used in error messages.
     """
 
-    def __init__(self, group, members: list[int], pos: int, timeout_s: float, slice_bytes: int):
+    def __init__(self, group, members: list[int], pos: int, timeout_s: float, slice_bytes: int, link=None):
         self.group = group
+        # What moves the bytes: torch.distributed's point-to-point on `group` (members are global ranks), or
+        # a BackendLink on a bare c10d backend (the swap-in backend's engine: members are group ranks).
+        self.link = DistLink(group) if link is None else link
         self.members = members
         self.n = len(members)
         self.pos = pos
@@ -56,7 +87,7 @@ class P2PRing:
                 raise TimeoutError("no completion")
         except Exception as e:  # gloo raises on a closed connection (dead peer) or on timeout
             raise CommTimeout(
-                f"ringzero {self._label} on rank {dist.get_rank()}: point-to-point transfer with rank {peer} "
+                f"ringzero {self._label} on rank {self.members[self.pos]}: point-to-point transfer with rank {peer} "
                 f"failed or timed out (limit {self.timeout_s} s): {e}. A peer may have died or called a "
                 "different collective; raise RINGZERO_TIMEOUT_S if it is only slow."
             ) from e
@@ -72,9 +103,9 @@ class P2PRing:
         on_recv(offset, piece) runs as each received slice lands."""
         dst = self.right if dst is None else dst
         src = self.left if src is None else src
-        sends = [dist.isend(s, dst, group=self.group) for s in (self._slices(send) if send is not None else [])]
+        sends = [self.link.isend(s, dst, 0) for s in (self._slices(send) if send is not None else [])]
         pieces = self._slices(recv) if recv is not None else []
-        recvs = [dist.irecv(p, src, group=self.group) for p in pieces]
+        recvs = [self.link.irecv(p, src, 0) for p in pieces]
         offset = 0
         for piece, w in zip(pieces, recvs):
             self._wait(w, src)
@@ -123,9 +154,9 @@ class P2PRing:
             land = staging[s][:dst.numel()] if s < n - 1 else dst
             off = 0
             for piece in self._slices(land):
-                recvs.append((s, off, piece, dist.irecv(piece, self.left, group=self.group, tag=tag)))
+                recvs.append((s, off, piece, self.link.irecv(piece, self.left, tag)))
                 off += piece.numel()
-        sends = [dist.isend(p, self.right, group=self.group, tag=tag) for p in self._slices(chunks[send_chunk[0]])]
+        sends = [self.link.isend(p, self.right, tag) for p in self._slices(chunks[send_chunk[0]])]
         return chunks, recv_chunk, staging, recvs, sends, op, divisor, tag
 
     def all_reduce_finish(self, state):
@@ -141,7 +172,7 @@ class P2PRing:
                 piece = chunks[recv_chunk[s]][off:off + k]
                 self._fold(piece, staging[s][off:off + k], op, divisor if s == n - 2 else 1)
             if s < 2 * (n - 1) - 1:  # the last all-gather step forwards nothing
-                sends.append(dist.isend(piece, self.right, group=self.group, tag=tag))
+                sends.append(self.link.isend(piece, self.right, tag))
         for w in sends:
             self._wait(w, self.right)
 
@@ -166,9 +197,9 @@ class P2PRing:
         for t in range(n - 1):
             off = 0
             for piece in self._slices(staging[t]):
-                recvs.append((t, off, piece, dist.irecv(piece, self.left, group=self.group, tag=tag)))
+                recvs.append((t, off, piece, self.link.irecv(piece, self.left, tag)))
                 off += piece.numel()
-        sends = [dist.isend(p, self.right, group=self.group, tag=tag) for p in self._slices(blocks[(pos - 1) % n])]
+        sends = [self.link.isend(p, self.right, tag) for p in self._slices(blocks[(pos - 1) % n])]
         return blocks, out, recvs, sends, op, divisor, tag
 
     def reduce_scatter_finish(self, state):
@@ -183,7 +214,7 @@ class P2PRing:
             dst = out[off:off + k] if last else piece
             _C.reduce_(dst, [blocks[(pos - t - 2) % n][off:off + k], piece], int(op), divisor if last else 1)
             if not last:
-                sends.append(dist.isend(dst, self.right, group=self.group, tag=tag))
+                sends.append(self.link.isend(dst, self.right, tag))
         for w in sends:
             self._wait(w, self.right)
 
@@ -200,9 +231,9 @@ class P2PRing:
         block = lambda i: out[displ[i]:displ[i] + counts[i]]  # noqa: E731
         block(pos).copy_(inp)
         # Step t receives block pos-t-1 and forwards it in step t+1.
-        recvs = [(t, piece, dist.irecv(piece, self.left, group=self.group, tag=tag))
+        recvs = [(t, piece, self.link.irecv(piece, self.left, tag))
                  for t in range(n - 1) for piece in self._slices(block((pos - t - 1) % n))]
-        sends = [dist.isend(p, self.right, group=self.group, tag=tag) for p in self._slices(block(pos))] if n > 1 else []
+        sends = [self.link.isend(p, self.right, tag) for p in self._slices(block(pos))] if n > 1 else []
         return recvs, sends, tag
 
     def all_gather_finish(self, state):
@@ -211,7 +242,7 @@ class P2PRing:
         for t, piece, work in recvs:
             self._wait(work, self.left)
             if t < self.n - 2:
-                sends.append(dist.isend(piece, self.right, group=self.group, tag=tag))
+                sends.append(self.link.isend(piece, self.right, tag))
         for w in sends:
             self._wait(w, self.right)
 
@@ -228,7 +259,7 @@ class P2PRing:
 
         def forward(off, piece):
             if rel < n - 1:
-                sends.append(dist.isend(piece, self.right, group=self.group))
+                sends.append(self.link.isend(piece, self.right, 0))
 
         self._sendrecv(None, x, on_recv=forward)
         for w in sends:
@@ -253,7 +284,7 @@ class P2PRing:
             d = target[off:off + k]
             _C.reduce_(d, [piece, inp[off:off + k]], int(op), divisor if rel == 0 else 1)
             if rel != 0:
-                sends.append(dist.isend(d, self.right, group=self.group))
+                sends.append(self.link.isend(d, self.right, 0))
 
         self._sendrecv(None, torch.empty_like(inp), on_recv=fold)
         for w in sends:

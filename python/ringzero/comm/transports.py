@@ -297,6 +297,32 @@ class Hierarchical(NetworkRing):
             self._worker = None
 
 
+def pick_transport(topo, rank: int, world: int, shm, algo: int, make_ring, running: RunningCall, debug: bool):
+    """The CPU transport of a group, decided once from its topology (every rank decides alike): the one
+    place that decides it for every door ([Note: one engine behind every door], docs/design.md). The
+    Communicator (ringzero.* and ringzero's own DDP/ZeRO) and the swap-in backend's engine for a group
+    spanning hosts (comm/backend.py) both call it; the backend on one host runs the same shared-memory
+    collectives from C++ (csrc/torch/backend.h), told by its creator that the group is on one host.
+
+    topo: the group's Topology; shm: this host's _C.ShmComm (None for a host of one rank); algo:
+    RINGZERO_ALLREDUCE_ALGO's code; make_ring(members, pos) -> P2PRing over the caller's point-to-point
+    (members are group ranks, in ring order; the caller maps them to its link's peers). Returns
+    (transport, flat ring or None, cross-host ring or None)."""
+    if world == 1:
+        return Solo(), None, None
+    if topo.single_host:
+        return SharedMemory(shm, algo), None, None
+    flat = make_ring(list(range(world)), rank)
+    if not topo.hierarchical:
+        return NetworkRing(flat, running, rank, world, debug), flat, None
+    ring = topo.cross_ring
+    pos = ring.index(rank)
+    cross = make_ring(list(ring), pos)
+    cross_peers = sorted({ring[(pos - 1) % len(ring)], ring[(pos + 1) % len(ring)]})
+    return (Hierarchical(flat, cross, cross_peers, shm, topo.local_world, running, rank, world, debug,
+                         [list(r) for r in topo.hosts.values()]), flat, cross)
+
+
 # [Note: the pipelined hierarchical all-reduce] segments of half the buffer, at least 1 MiB and at most
 # 4 MiB, from 2 segments up (so from 2 MiB): at 16 MiB over 2 lab hosts x 2 ranks at 1 Gbit/s the
 # in-host steps took 20 ms of 166 when they ran before and after the cross-host ring; cut in segments
@@ -318,4 +344,4 @@ def pipeline_segment_bytes(nbytes: int) -> int:
     return min(PIPELINE_SEGMENT_BYTES, max(PIPELINE_SMALLEST_SEGMENT_BYTES, nbytes // PIPELINE_TARGET_SEGMENTS))
 
 
-__all__ = ["RunningCall", "Solo", "SharedMemory", "NetworkRing", "Hierarchical", "split_avg"]
+__all__ = ["RunningCall", "Solo", "SharedMemory", "NetworkRing", "Hierarchical", "pick_transport", "split_avg"]
