@@ -117,3 +117,54 @@ def test_tests_share_helpers_through_helper_modules_not_test_files():
                      else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
             offenders += [f"{path.name} imports {n}" for n in names if n.split(".")[0].startswith("test_")]
     assert not offenders, offenders
+
+
+TRANSPORT_CLASSES = {"Solo", "SharedMemory", "NetworkRing", "Hierarchical", "CudaPeers", "CudaRing", "CudaHierarchical"}
+TRANSPORT_MAKERS = {("transports.py", "pick_transport"), ("cuda.py", "_pick_transport")}
+
+
+def layout_decisions(sources: dict[str, str]) -> dict:
+    """Where a transport is made, where a topology's single_host/hierarchical is read, and which functions
+    call layout(): {"made": {(file, function)}, "read": {(file, function)}, "layout": {(file, function)}}."""
+    found = {"made": set(), "read": set(), "layout": set()}
+    for name, text in sources.items():
+        def visit(node, fn):
+            for child in ast.iter_child_nodes(node):
+                here = child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else fn
+                if isinstance(child, ast.Call):
+                    callee = child.func.id if isinstance(child.func, ast.Name) else \
+                        child.func.attr if isinstance(child.func, ast.Attribute) else ""
+                    if callee in TRANSPORT_CLASSES:
+                        found["made"].add((name, fn))
+                    if callee == "layout":
+                        found["layout"].add((name, fn))
+                if isinstance(child, ast.Attribute) and child.attr in ("single_host", "hierarchical") and \
+                        isinstance(child.ctx, ast.Load):
+                    found["read"].add((name, fn))
+                visit(child, here)
+        visit(ast.parse(text), "<module>")
+    return found
+
+
+def test_one_place_decides_how_collectives_travel_for_every_door():
+    """[Note: one engine behind every door] (docs/design.md): transports.layout() is the one decision of how
+    a group's collectives travel. Only transports.pick_transport (CPU: the Communicator behind ringzero.*
+    and patch(), and the swap-in backend's engine across hosts) and cuda.CudaPath._pick_transport (CUDA)
+    make transports, both from layout(); the backend's creator and its CUDA setup tell the C++ side
+    spans_hosts from layout() too; nothing but layout() reads a topology's single_host or hierarchical
+    (topology.py computes them); and the C++ backend no longer compares host ids to decide for itself."""
+    sources = {p.name: p.read_text() for p in sorted(COMM.glob("*.py"))}
+    found = layout_decisions(sources)
+    assert found["made"] == TRANSPORT_MAKERS, found["made"]
+    # (cuda.py's _pick_transport reads the layout its __init__ took)
+    assert {("transports.py", "pick_transport"), ("backend.py", "_create_backend"), ("backend.py", "__call__"),
+            ("communicator.py", "__init__"), ("cuda.py", "__init__")} <= found["layout"], found["layout"]
+    assert {r for r in found["read"] if r[0] != "topology.py"} == {("transports.py", "layout")}, found["read"]
+    backend_cpp = (COMM.parents[2] / "csrc" / "torch" / "backend.cpp").read_text()
+    assert "host_id" not in backend_cpp, "the C++ backend decides the layout from host ids again"
+
+
+def test_the_layout_check_finds_a_second_decision():
+    sample = {"x.py": "def pick(topo):\n    if topo.single_host:\n        return SharedMemory(1, 2)\n"}
+    found = layout_decisions(sample)
+    assert found["made"] == {("x.py", "pick")} and found["read"] == {("x.py", "pick")} and not found["layout"]

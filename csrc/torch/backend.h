@@ -32,7 +32,7 @@ namespace ringzero {
 // What the Python creator hands over (python/ringzero/comm/backend.py), from the one validated
 // configuration of python/ringzero/comm/config.py; bound as ringzero._C.BackendConfig.
 struct BackendConfig {
-  std::string host_id;     // ranks with equal ids share memory (RINGZERO_HOST_ID overrides it)
+  std::string host_id;     // this rank's host identity (RINGZERO_HOST_ID overrides it); the creator decides spans_hosts
   double timeout_s = 300;  // every shared-memory wait and store wait ends after this
   size_t slot_bytes = 1 << 20;                            // RINGZERO_SHM_BUFFER_BYTES
   AllReduceAlgo all_reduce_algo = AllReduceAlgo::Auto;  // RINGZERO_ALLREDUCE_ALGO; Auto chooses by size

@@ -31,7 +31,7 @@ from .cuda import finish_setup, open_ipc_peers
 from .host_group import HostGroup
 from .ring import BackendLink, P2PRing
 from .topology import host_id
-from .transports import RunningCall, pick_transport
+from .transports import HIERARCHICAL, RING, RunningCall, layout, pick_transport
 from .types import ReduceOp
 
 BACKEND_NAME = "ringzero"
@@ -139,7 +139,7 @@ class CudaSetup:
         peer, error, errors, gpus = open_ipc_peers(hg.rendezvous, hg.topology, device,
                                                    self.config.peer_config(self.timeout_s))
         finish_setup(hg.rendezvous, self.size, error, errors)
-        spans_hosts = not hg.topology.single_host
+        spans_hosts = layout(hg.topology, self.size) in (HIERARCHICAL, RING)
         return _C.CudaBackendPeers(None if spans_hosts else peer, spans_hosts=spans_hosts,
                                    shares_gpu=len(set(gpus)) < len(gpus), blocking_wait=self.config.cuda_blocking_wait)
 
@@ -159,7 +159,7 @@ def _create_backend(dist_opts, backend_options=None):
     # backend of a group on one host meets its ranks on its own, for the shared-memory segment.
     hg = HostGroup.from_store(dist.PrefixStore("placement/", store), rank, size, env, timeout_s,
                               "ringzero: setting up the backend (init_process_group / new_group)")
-    spans_hosts = not hg.topology.single_host
+    spans_hosts = layout(hg.topology, size) in (HIERARCHICAL, RING)
     config = backend_config(env, timeout, spans_hosts)
     gloo = ProcessGroupGloo(dist.PrefixStore("gloo/", store), rank, size, timeout)
     engine = None

@@ -28,7 +28,7 @@ from .errors import CollectiveMismatch, CommTimeout
 from .flight import FlightRecorder
 from .host_group import HostGroup
 from .ring import P2PRing
-from .transports import RunningCall, SharedMemory, pick_transport
+from .transports import HIERARCHICAL, ONE_HOST, SOLO, RunningCall, SharedMemory, layout, pick_transport
 from .types import ReduceOp
 from .work import Work
 
@@ -77,7 +77,8 @@ class Communicator:
 
         self.hosts = topo.hosts
         self.local_ranks, self.local_rank, self.local_world = topo.local_ranks, topo.local_rank, topo.local_world
-        self.single_host, self.hierarchical = topo.single_host, topo.hierarchical
+        self.layout = layout(topo, self.world)  # transports.layout: the one decision, read by every door
+        self.single_host, self.hierarchical = self.layout in (SOLO, ONE_HOST), self.layout == HIERARCHICAL
         self.shm = self._setup_shm() if self.local_world > 1 else None
         if self.shm is not None:  # the bound method, not a lambda over self: no cycle keeps the group alive
             self.flight.sources["shared-memory collectives (their own record, the api's fast path included)"] = \

@@ -33,7 +33,7 @@ from .. import _C
 from .config import from_env
 from .errors import CommError, CommTimeout
 from .hierarchical import all_reduce_hierarchical
-from .transports import Solo
+from .transports import HIERARCHICAL, ONE_HOST, RING, SOLO, Solo, layout
 from .types import ReduceOp
 
 CUDA_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64)
@@ -175,20 +175,21 @@ class CudaPath:
         self._rendezvous = comm.host_group.rendezvous.relabelled(
             "ringzero: setting up the CUDA path (the first CUDA collective on this group)")
         self.peer, error, errors, _ = open_ipc_peers(self._rendezvous, comm.host_group.topology, device, cfg)
-        if not comm.single_host and not errors:  # every rank takes part: the others wait for its ids
+        self.layout = layout(comm.host_group.topology, comm.world)
+        if self.layout in (HIERARCHICAL, RING) and not errors:  # every rank takes part: the others wait for its ids
             nccl_error = self._setup_nccl(slice_bytes)
             error = error or nccl_error
         finish_setup(self._rendezvous, comm.world, error, errors)
         self.transport = self._pick_transport()
 
     def _pick_transport(self):
-        """Decided once from the topology, in the order of the CPU transports (communicator.py)."""
-        comm = self.comm
-        if comm.world == 1:
+        """Decided once, by the group's layout (transports.layout, the one decision for every door)."""
+        comm, kind = self.comm, self.layout
+        if kind == SOLO:
             return Solo()
-        if comm.single_host:
+        if kind == ONE_HOST:
             return CudaPeers(comm.transport, self.peer, comm.algo)
-        if comm.hierarchical:
+        if kind == HIERARCHICAL:
             return CudaHierarchical(comm.transport, self.flat, self.peer, self.cross, comm.local_world, comm.world)
         return CudaRing(comm.transport, self.flat)
 
@@ -202,7 +203,7 @@ class CudaPath:
         topo = comm.host_group.topology
         try:
             self.flat = self._nccl_ring("cuda/nccl/flat", list(range(comm.world)), slice_bytes)
-            if topo.hierarchical:
+            if self.layout == HIERARCHICAL:
                 self.cross = self._nccl_ring("cuda/nccl/cross", topo.cross_ring, slice_bytes, topo.cross_rings)
         except Exception as e:
             return f"rank {comm.rank}: NCCL ring setup failed: {e}"

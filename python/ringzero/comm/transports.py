@@ -297,23 +297,39 @@ class Hierarchical(NetworkRing):
             self._worker = None
 
 
+SOLO, ONE_HOST, HIERARCHICAL, RING = "solo", "one host", "hierarchical", "ring"
+
+
+def layout(topo, world: int) -> str:
+    """How a group's collectives travel, from its topology: the one decision for every door and device
+    ([Note: one engine behind every door], docs/design.md). SOLO: one rank; ONE_HOST: every rank on this
+    host (shared memory; CUDA IPC); HIERARCHICAL: several hosts with the same number (> 1) of ranks each
+    (in the host, then one ring per local rank across hosts); RING: any other spread (the flat ring).
+    pick_transport (CPU), CudaPath (CUDA) and the swap-in backend's creator all branch on it alone."""
+    if world == 1:
+        return SOLO
+    if topo.single_host:
+        return ONE_HOST
+    return HIERARCHICAL if topo.hierarchical else RING
+
+
 def pick_transport(topo, rank: int, world: int, shm, algo: int, make_ring, running: RunningCall, debug: bool):
-    """The CPU transport of a group, decided once from its topology (every rank decides alike): the one
-    place that decides it for every door ([Note: one engine behind every door], docs/design.md). The
-    Communicator (ringzero.* and ringzero's own DDP/ZeRO) and the swap-in backend's engine for a group
-    spanning hosts (comm/backend.py) both call it; the backend on one host runs the same shared-memory
-    collectives from C++ (csrc/torch/backend.h), told by its creator that the group is on one host.
+    """The CPU transport of a group for its layout(), made once (every rank decides alike). The
+    Communicator (ringzero.* and ringzero's own DDP/ZeRO, and ringzero.patch() through them) and the swap-in
+    backend's engine for a group spanning hosts (comm/backend.py) both call it; the backend on one host
+    runs the same shared-memory collectives from C++ (csrc/torch/backend.h), told by its creator.
 
     topo: the group's Topology; shm: this host's _C.ShmComm (None for a host of one rank); algo:
     RINGZERO_ALLREDUCE_ALGO's code; make_ring(members, pos) -> P2PRing over the caller's point-to-point
     (members are group ranks, in ring order; the caller maps them to its link's peers). Returns
     (transport, flat ring or None, cross-host ring or None)."""
-    if world == 1:
+    kind = layout(topo, world)
+    if kind == SOLO:
         return Solo(), None, None
-    if topo.single_host:
+    if kind == ONE_HOST:
         return SharedMemory(shm, algo), None, None
     flat = make_ring(list(range(world)), rank)
-    if not topo.hierarchical:
+    if kind == RING:
         return NetworkRing(flat, running, rank, world, debug), flat, None
     ring = topo.cross_ring
     pos = ring.index(rank)
@@ -344,4 +360,5 @@ def pipeline_segment_bytes(nbytes: int) -> int:
     return min(PIPELINE_SEGMENT_BYTES, max(PIPELINE_SMALLEST_SEGMENT_BYTES, nbytes // PIPELINE_TARGET_SEGMENTS))
 
 
-__all__ = ["RunningCall", "Solo", "SharedMemory", "NetworkRing", "Hierarchical", "pick_transport", "split_avg"]
+__all__ = ["HIERARCHICAL", "ONE_HOST", "RING", "SOLO", "RunningCall", "Solo", "SharedMemory", "NetworkRing",
+           "Hierarchical", "layout", "pick_transport", "split_avg"]
