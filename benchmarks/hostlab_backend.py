@@ -142,7 +142,7 @@ def main():
     if args.rank:
         return rank_main(args.rank, args.sizes_mib, args.repeats, args.steps)
     import hostlab
-    from hostlab_bench import link_bound_ms
+    from hostlab_bench import link_bound_ms, run_in_lab
 
     H, L = args.hosts, args.ranks_per_host
     print(f"# hostlab_backend | {H} hosts x {L} ranks | init_process_group('ringzero') against a gloo group | "
@@ -151,12 +151,7 @@ def main():
         with hostlab.HostLab(H, rate_gbit=rate) as lab, tempfile.TemporaryDirectory() as out:
             argv = [os.path.abspath(__file__), "--rank", out, "--repeats", str(args.repeats), "--steps",
                     str(args.steps), "--sizes-mib", *map(str, args.sizes_mib)]
-            runs = lab.run([L] * H, argv, {"RINGZERO_TIMEOUT_S": "300"}, timeout_s=1500)
-            bad = [r for r in runs if r.returncode != 0]
-            if bad:
-                raise SystemExit(f"host {bad[0].host} failed:\n{bad[0].output[-4000:]}")
-            with open(os.path.join(out, "bench.json")) as f:
-                result = json.load(f)
+            result = run_in_lab(lab, [L] * H, argv, out, 1500)
         print(f"\nlink {rate:g} Gbit/s per host and direction; load average {os.getloadavg()[0]:.2f}")
         print(f"{'dist.' + 'op':<16} | {'MiB':>4} | {'ringzero ms':>11} | {'gloo ms':>8} | {'gloo/rz':>7} | "
               f"{'bound ms':>8} | {'of bound':>8} | equal")

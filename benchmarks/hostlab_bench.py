@@ -131,6 +131,17 @@ def rank_main(out: str, sizes_mib: list[float], repeats: int, ops: list[str]):
     dist.destroy_process_group()
 
 
+def run_in_lab(lab, ranks_per_host: list[int], argv: list[str], out: str, timeout_s: float) -> dict:
+    """Runs argv (a script's --rank part) on every host of `lab` under torchrun with RINGZERO_TIMEOUT_S=300;
+    exits naming the first host that failed, else returns what rank 0 wrote to <out>/bench.json."""
+    runs = lab.run(ranks_per_host, argv, {"RINGZERO_TIMEOUT_S": "300"}, timeout_s=timeout_s)
+    bad = [r for r in runs if r.returncode != 0]
+    if bad:
+        raise SystemExit(f"host {bad[0].host} failed:\n{bad[0].output[-4000:]}")
+    with open(os.path.join(out, "bench.json")) as f:
+        return json.load(f)
+
+
 def slowest_median_ms(fn, repeats: int) -> float:
     """fn timed `repeats` times after one warm-up (connections, buffers), each run started together by a
     barrier: the slowest rank's median, in ms (every rank of the default group calls it)."""
@@ -291,12 +302,7 @@ def main():
                     *map(str, args.sizes_mib), "--ops", *args.ops]
             if args.smallest_segment_mib:
                 argv += ["--smallest-segment-mib", str(args.smallest_segment_mib)]
-            runs = lab.run([L] * H, argv, {"RINGZERO_TIMEOUT_S": "300"}, timeout_s=900)
-            bad = [r for r in runs if r.returncode != 0]
-            if bad:
-                raise SystemExit(f"host {bad[0].host} failed:\n{bad[0].output[-4000:]}")
-            with open(os.path.join(out, "bench.json")) as f:
-                result = json.load(f)
+            result = run_in_lab(lab, [L] * H, argv, out, 900)
             trained = train_rows(lab, H, L, out) if args.train else []
         rows, hier = result["rows"], result["hierarchical"]
         print(f"\nlink {rate:g} Gbit/s per host and direction (tbf burst {lab.burst_bytes} B)" if rate else
