@@ -98,8 +98,9 @@ TESTS = {
              {"RINGZERO_FUZZ_CASES": "40", "RINGZERO_CPU_GRID_THREADS": "64"}),
     "adam": ("cpu_grid_test_cuda_adam", {}, {"RINGZERO_CPU_GRID_THREADS": "64"}),
     "timeout": ("cpu_grid_test_cuda_timeout", {}, {"RINGZERO_CPU_GRID_THREADS": "64"}),
-    # the ring driver over the loopback transport alone (test_cuda's part; its stream workers pause at random)
-    "loopback": ("cpu_grid_test_cuda loopback", {}, {"RINGZERO_CPU_GRID_THREADS": "64"}),
+    # the ring driver over the loopback transport alone (test_cuda's part; its stream workers pause at
+    # random); plain only: under ThreadSanitizer it ran over 6 minutes
+    "loopback": ("cpu_grid_test_cuda loopback", {}, None),
 }
 
 
@@ -179,7 +180,7 @@ def main():
         configure(src, b, tsan)
     print("baseline (no defect):", flush=True)
     for test in sorted({m[5] for m in MUTANTS if not args.only or m[0] == args.only}):
-        for tsan in (False, True):
+        for tsan in (False, True) if TESTS[test][2] is not None else (False,):
             caught, out = build_and_test(builds[tsan], test, tsan)
             print(f"  {test} {'TSan' if tsan else 'plain'}: {'FAILS: ' + caught if caught else 'passes'}", flush=True)
             if caught:
@@ -197,9 +198,10 @@ def main():
         try:
             caught, out = build_and_test(builds[False], test, False)
             how = f"plain: {caught}" if caught else None
-            if not caught:
+            if not caught and TESTS[test][2] is not None:
                 caught, out = build_and_test(builds[True], test, True)
-                how = f"TSan: {caught}" if caught else "NOT CAUGHT"
+                how = f"TSan: {caught}" if caught else None
+            how = how or "NOT CAUGHT"
         finally:
             target.write_text(original)
         rows.append((name, what, how))
