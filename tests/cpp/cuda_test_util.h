@@ -82,7 +82,12 @@ struct DevBuf {
   ~DevBuf() { cudaFree(p); }
   DevBuf(const DevBuf&) = delete;
   DevBuf& operator=(const DevBuf&) = delete;
-  void upload(const std::vector<char>& h) { CUDA_OK(cudaMemcpy(p, h.data(), bytes, cudaMemcpyHostToDevice)); }
+  // Complete on return: a host-to-device cudaMemcpy is legacy-stream work that may still be in flight
+  // when it returns, and work on a non-blocking stream (or another host thread's) is not ordered after it.
+  void upload(const std::vector<char>& h) {
+    CUDA_OK(cudaMemcpy(p, h.data(), bytes, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaStreamSynchronize(nullptr));
+  }
   std::vector<char> download() const {
     std::vector<char> h(bytes ? bytes : 1);
     CUDA_OK(cudaMemcpy(h.data(), p, bytes, cudaMemcpyDeviceToHost));

@@ -200,7 +200,10 @@ struct Ranks {
 #if defined(RINGZERO_CPU_GRID)
     std::vector<std::thread> threads;
     for (size_t q = 0; q < real.size(); ++q)
-      threads.emplace_back([&, q] { real[q]->run(coll, ins[q], outs[q], count, t, op, algo, nullptr); });
+      threads.emplace_back([&, q] {
+        real[q]->run(coll, ins[q], outs[q], count, t, op, algo, nullptr);
+        CUDA_OK(cudaStreamSynchronize(nullptr));  // the rank's own legacy stream, as its process would
+      });
     for (auto& th : threads) th.join();
 #endif
   }
@@ -238,6 +241,9 @@ CaseBufs prepare(const World& w, const Case& c, uint32_t salt) {
     b.ip.push_back(in);
     b.op.push_back(out);
   }
+  // The fills are legacy-stream work of this thread; the case runs on a non-blocking stream or on the
+  // ranks' own threads, which are not ordered after it.
+  CUDA_OK(cudaStreamSynchronize(nullptr));
   return b;
 }
 
@@ -304,6 +310,7 @@ int run_drifting(Ranks& ranks, const World& w, const std::vector<Case>& cases, u
       } catch (const std::exception& e) {
         errors[q] = e.what();
       }
+      CUDA_OK(cudaStreamSynchronize(nullptr));  // the rank's launches ran on its own legacy stream
     });
   for (auto& th : threads) th.join();
   for (size_t q = 0; q < errors.size(); ++q)

@@ -75,6 +75,7 @@ void missing_rank(Coll coll, Algo algo, int n, int absent, cudaStream_t s) {
     bufs.push_back(out);
     ranks.push_back(RankBuffers{in, out, q});
   }
+  CUDA_OK(cudaStreamSynchronize(nullptr));  // the sets are legacy-stream work; s is a non-blocking stream
   const auto t0 = std::chrono::steady_clock::now();
   run_collective(coll, cfg, w.table, ranks.data(), static_cast<int>(ranks.size()), count, DType::F32, ReduceOp::Sum,
                  algo, s);

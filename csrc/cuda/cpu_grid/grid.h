@@ -23,10 +23,21 @@
 //   does not model fences (gcc warns): the kernels' one __threadfence_system orders the timeout record
 //   for the host, which reads it after the launch's threads have joined, so nothing rests on it there.
 // - __shared__ is thread_local: one copy per block's OS thread, shared by its fibers.
-// - Streams run their work at once, in the calling host thread (a launch returns when its grid has
-//   finished); a stream under capture records it into a graph that cudaGraphLaunch replays. Events
-//   are therefore always complete. The "device" has RINGZERO_CPU_GRID_SMS multiprocessors (default
-//   64) holding one block each: resident-block arithmetic and clamping run as on a GPU.
+// - Streams are asynchronous in-order queues, each with a worker thread of its own (runtime.cpp):
+//   launches, async copies and sets, graph launches, event records and waits are queued and the
+//   caller returns at once; a launch's configuration error still returns from the call, as CUDA's.
+//   An event record is a marker in the queue; cudaStreamWaitEvent holds the stream until the record
+//   that was the event's latest at the call has run. Stream 0 is the legacy default stream: its work
+//   waits for the work queued before on every blocking stream, and theirs for its (non-blocking
+//   streams are exempt). There is one per host thread, since a host thread stands for a process of
+//   its own (PeerComm's ranks). cudaMemcpy and cudaMemset are legacy-stream work; a copy to the host
+//   returns complete, others return at once. cudaFree synchronises the device first, as CUDA's does.
+//   Host waits and queued waits abort after 300 s, naming the call. With chaos on, a worker pauses a
+//   random while before each item, so work on other streams overtakes it. A stream under capture
+//   records its work into a graph that cudaGraphLaunch queues (one stream only: an event record or
+//   wait on a capturing stream is refused). Kernels on different streams run at once with no limit
+//   of multiprocessors between them. The "device" has RINGZERO_CPU_GRID_SMS multiprocessors (default
+//   64) holding one block each per launch: resident-block arithmetic and clamping run as on a GPU.
 #pragma once
 #ifndef RINGZERO_CPU_GRID
 #error "cuda/cpu_grid/grid.h is the CPU grid's; build with -DRINGZERO_CPU_GRID"
@@ -249,6 +260,7 @@ enum cudaError_t {
   cudaErrorNoDevice = 100,
   cudaErrorStreamCaptureUnsupported = 900,
   cudaErrorCooperativeLaunchTooLarge = 720,
+  cudaErrorNotReady = 600,
 };
 using cudaError = cudaError_t;
 enum cudaMemcpyKind {
@@ -312,6 +324,7 @@ cudaError_t cudaEventCreate(cudaEvent_t* e);
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned flags);
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = nullptr);
 cudaError_t cudaEventSynchronize(cudaEvent_t e);
+cudaError_t cudaEventQuery(cudaEvent_t e);
 cudaError_t cudaEventDestroy(cudaEvent_t e);
 cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* h, void* p);
 cudaError_t cudaIpcOpenMemHandle(void** p, cudaIpcMemHandle_t h, unsigned flags);
@@ -326,7 +339,7 @@ namespace ringzero::cpu_grid {
 
 // Runs (or, on a stream under capture, records) `body` once per CUDA thread of a grid x block launch.
 cudaError_t launch(const char* kernel, dim3 grid, dim3 block, cudaStream_t stream, std::function<void()> body);
-// Enqueues host work on a stream: now, or into the graph under capture.
+// Queues host work on a stream (its worker runs it in order), or into the graph under capture.
 cudaError_t enqueue(cudaStream_t stream, std::function<void()> work);
 // Sets what cudaGetLastError returns next (this host thread), and returns e.
 cudaError_t record_error(cudaError_t e);
