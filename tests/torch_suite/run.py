@@ -27,12 +27,13 @@ STAND_IN = "ringzero-for-gloo"  # the pseudo-backend name of the second mode (su
 
 
 def run_suite(backend: str, world_size: int, out_dir: pathlib.Path, tests: list[str] | None = None,
-              k: str | None = None, timeout_s: float | None = None) -> dict[str, str]:
+              k: str | None = None, timeout_s: float | None = None, hosts: str = "") -> dict[str, str]:
     """Runs suite.py with `backend` ("gloo", "ringzero", or STAND_IN: the suite told gloo, every gloo group
     made ringzero) at `world_size` ranks; returns {test name: "passed"|"failed"|"skipped"}. `tests` names
-    TorchSuite methods to run (all when None); `k` is a pytest -k expression."""
+    TorchSuite methods to run (all when None); `k` is a pytest -k expression; `hosts` (e.g. "a,a,b,b") forces
+    each rank's host (suite.py, RINGZERO_SUITE_HOSTS): ringzero's groups then span hosts."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    xml_path = out_dir / f"{backend}-{world_size}.xml"
+    xml_path = out_dir / f"{backend}-{world_size}{'-hosts' if hosts else ''}.xml"
     targets = [f"{HERE / 'suite.py'}::TorchSuite::{t}" for t in tests] if tests else [str(HERE / "suite.py")]
     # --noconftest: tests/conftest.py's check for leaked /dev/shm segments would also see those of other
     # processes on the machine; the suite's own checks are what counts here.
@@ -42,9 +43,10 @@ def run_suite(backend: str, world_size: int, out_dir: pathlib.Path, tests: list[
         cmd += ["-k", k]
     env = {**os.environ, "BACKEND": "gloo" if backend == STAND_IN else backend, "WORLD_SIZE": str(world_size),
            "RINGZERO_STAND_IN": "1" if backend == STAND_IN else "0", "CUDA_VISIBLE_DEVICES": "",
+           "RINGZERO_SUITE_HOSTS": hosts,
            "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
     env.pop("TEMP_DIR", None)  # suite.py makes a fresh one per run
-    log_path = out_dir / f"{backend}-{world_size}.log"
+    log_path = out_dir / f"{backend}-{world_size}{'-hosts' if hosts else ''}.log"
     with open(log_path, "w") as log:
         subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s, cwd=HERE)
     return parse_junit(xml_path)
@@ -90,10 +92,13 @@ def main(argv=None) -> int:
     parser.add_argument("--world-sizes", nargs="+", type=int, default=[2, 3, 4])
     parser.add_argument("-k", default=None, help="pytest -k expression selecting tests")
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("torch_suite_results"))
+    parser.add_argument("--hosts", action="store_true", help="ringzero's ranks on 2 forced hosts (half the ranks "
+                        "each, RINGZERO_SUITE_HOSTS), so its groups span hosts; gloo runs as usual")
     args = parser.parse_args(argv)
     summary = {}
     for world in args.world_sizes:
-        results = {b: run_suite(b, world, args.out, k=args.k) for b in args.backends}
+        hosts = ",".join("ab"[2 * r // world] for r in range(world)) if args.hosts else ""
+        results = {b: run_suite(b, world, args.out, k=args.k, hosts="" if b == "gloo" else hosts) for b in args.backends}
         entry = {b: counts(r) for b, r in results.items()}
         gloo = results.get("gloo", {})
         for mode, ours in results.items():

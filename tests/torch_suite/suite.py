@@ -8,6 +8,8 @@ import; the ranks are forked from the process that imported this module and inhe
 "ringzero" joins the suite as a plugin backend (DistTestCases.backend_feature, the way the suite lets
 out-of-tree backends in) with the features it shares with gloo: DDP, subgroups, and CUDA tensors
 ("gpu", "cuda": ours or NCCL's; with no GPU here those tests take their CPU paths, as on gloo).
+RINGZERO_SUITE_HOSTS="a,a,b,b" puts rank r on host "a" or "b" (RINGZERO_HOST_ID): groups spanning them run
+on ringzero's engine across hosts.
 """
 import os
 import tempfile
@@ -58,6 +60,26 @@ if STAND_IN:
     for module in (dist, distributed_c10d):
         module.init_process_group = _ringzero_for_gloo(distributed_c10d.init_process_group)
         module.new_group = _ringzero_for_gloo(distributed_c10d.new_group)
+
+HOSTS = os.environ.get("RINGZERO_SUITE_HOSTS", "")
+if HOSTS:
+    # Ranks on forced hosts ("a,a,b,b": rank r's RINGZERO_HOST_ID), so that every group of the suite that
+    # spans them runs on ringzero's engine across hosts (shared memory in each host, rings between).
+    import functools
+
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d
+
+    def _on_forced_host(init):
+        @functools.wraps(init)
+        def wrapper(*args, **kwargs):
+            rank = kwargs.get("rank", args[4] if len(args) > 4 else -1)
+            os.environ["RINGZERO_HOST_ID"] = HOSTS.split(",")[rank]
+            return init(*args, **kwargs)
+        return wrapper
+
+    for module in (dist, distributed_c10d):
+        module.init_process_group = _on_forced_host(module.init_process_group)
 
 torch.set_num_threads(1)  # several ranks share 2 cores
 
