@@ -38,18 +38,22 @@ def test_collective_mismatch_is_reported():
     assert all(run_ranks(3, mismatch, env=SMALL_BUFFERS))
 
 
-def test_timeout_names_the_missing_rank():
+@pytest.mark.parametrize("hosts,names", [(None, r"waiting for group ranks \[1\]"),
+                                         ("a,b", r"point-to-point transfer with rank 1 failed or timed out")])
+def test_timeout_names_the_missing_rank(hosts, names):
     """A rank that never joins: the others get ringzero.CommTimeout after RINGZERO_TIMEOUT_S (the
-    group's timeout otherwise), naming the rank they waited for, instead of hanging."""
+    group's timeout otherwise), naming the rank they waited for, instead of hanging; on one host and
+    across (forced) hosts, where the engine's ring waits for it."""
     def body_(rank, world):
         g = dist.new_group(backend="ringzero")
         if rank == 0:
-            with pytest.raises(ringzero.CommTimeout, match=r"waiting for group ranks \[1\]"):
+            with pytest.raises(ringzero.CommTimeout, match=names):
                 dist.all_reduce(torch.ones(4), group=g)
         dist.barrier()  # gloo: rank 1 leaves only after rank 0 has seen its error
         return True
 
-    assert all(run_ranks(2, body_, env={"RINGZERO_TIMEOUT_S": "2"}))
+    env = {"RINGZERO_TIMEOUT_S": "2", **({"RINGZERO_HOST_IDS": hosts} if hosts else {})}
+    assert all(run_ranks(2, body_, env=env))
 
 
 @pytest.mark.parametrize("hosts,kind", [("a,b", "NetworkRing"), ("a,a,b,b", "Hierarchical"), ("a,b,a", "NetworkRing"),
