@@ -6,7 +6,7 @@ planted defect (a dropped release store, an acquire turned into a plain load, a 
 an off-by-one in a block's last slice, an epoch not bumped, a ring credit one slot early, the issue-15
 per-slice partition, a dropped two-shot barrier, an unclaimed timeout record, a 16-byte pack taken at
 8-byte alignment in the collectives and at half its alignment in Adam, ring credits counted per
-launch, a dropped Adam bias correction, the ring driver's wait for a received slice dropped) rebuilds the CPU-grid tests and runs them: first the plain build (wrong values, a timeout,
+launch, a dropped Adam bias correction, each of the ring driver's three stream waits dropped) rebuilds the CPU-grid tests and runs them: first the plain build (wrong values, a timeout,
 a crash), then, if that passed, the ThreadSanitizer build (a data race). Prints a table: every defect must be caught. Takes about 15
 minutes on 2 cores; not part of CI (docs/status.md: the table of its last run).
 
@@ -89,6 +89,14 @@ MUTANTS = [
      "", 1, "loopback",
      "ring driver: the reduction stream no longer waits for the received slice (only asynchronous streams "
      "can see it)"),
+    ("driver-reduced-wait-dropped", "csrc/nccl/ring_driver.cpp",
+     '    check(cudaStreamWaitEvent(comm_, reduced_[st.slice], 0), "wait for the reduced slice");\n',
+     "    ;\n", 1, "loopback",
+     "ring driver: the transfer stream sends a slice without waiting for its reduction"),
+    ("driver-tmp-free-wait-dropped", "csrc/nccl/ring_driver.cpp",
+     '    check(cudaStreamWaitEvent(comm_, tmp_free_[st.tmp], 0), "wait for a free receive buffer");\n',
+     "    ;\n", 1, "loopback",
+     "ring driver: a receive lands in a staging buffer the previous reduction may still read"),
 ]
 
 TESTS = {
