@@ -11,7 +11,8 @@ results are checked equal to gloo's on integers.
 
 Training: stock DistributedDataParallel and stock FSDP2 (fully_shard per layer and at the root) of an MLP
 with 4.2M float32 parameters (16.8 MB of gradients), AdamW, the same seed and data on both groups: the
-median step time over the steps after the first two, and the largest parameter difference after them.
+median step time over the steps after the first two, and the largest parameter difference after them;
+and DDP's steps under no_sync() (no gradient all-reduce: the step's time outside the collectives).
 backend_stats shows which ops ran on ringzero's collectives.
 
 Run as root: nice -n 19 python benchmarks/hostlab_backend.py [--rates-gbit 1] [--sizes-mib 16 64]
@@ -44,12 +45,15 @@ def mlp():
 
 
 def train(kind: str, group, steps: int):
-    """Stock DDP or FSDP2 on `group`: (step times in s, parameters after `steps`, flattened)."""
+    """Stock DDP or FSDP2 on `group`: (step times in s, parameters after `steps`, flattened). "ddp no_sync":
+    DDP's steps under no_sync(), which skips the gradient all-reduces: the step's time outside them."""
+    import contextlib
+
     import torch
     import torch.distributed as dist
 
     model = mlp()
-    if kind == "ddp":
+    if kind.startswith("ddp"):
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         wrapped = DDP(model, process_group=group)
@@ -70,7 +74,8 @@ def train(kind: str, group, steps: int):
         dist.barrier(group=group)
         t0 = time.perf_counter()
         optim.zero_grad(set_to_none=True)
-        wrapped(x).pow(2).mean().backward()
+        with wrapped.no_sync() if kind == "ddp no_sync" else contextlib.nullcontext():
+            wrapped(x).pow(2).mean().backward()
         optim.step()
         times.append(time.perf_counter() - t0)
     params = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in model.parameters()]
@@ -115,7 +120,7 @@ def rank_main(out: str, sizes_mib: list[float], repeats: int, steps: int):
             row["equal"] = bool(torch.equal(got, want))
             rows.append(row)
     trained = {}
-    for kind in ("ddp", "fsdp2"):
+    for kind in ("ddp", "ddp no_sync", "fsdp2"):
         t_rz, p_rz = train(kind, dist.group.WORLD, steps)
         t_gloo, p_gloo = train(kind, gloo, steps)
         worst = torch.tensor([statistics.median(t_rz[2:]), statistics.median(t_gloo[2:])], dtype=torch.float64)

@@ -62,7 +62,7 @@ class HostsEngine:
     layout (transports.pick_transport), over `link_backend` (a ProcessGroupGloo of the engine's own, so that
     its messages never meet the user's send/recv or gloo's collectives). The C++ backend calls it on its
     worker thread, in call order, with the GIL taken: engine(op, tensors, args) where tensors are
-    contiguous CPU tensors the backend staged and args the op's integers (csrc/torch/backend_hosts.cpp):
+    contiguous CPU tensors the backend staged and args the op's integers (csrc/torch/backend_hosts.h):
 
       all_reduce      [x]              [reduce op]          in place
       reduce_scatter  [out, inp]       [reduce op]          out gets this rank's block
@@ -70,6 +70,8 @@ class HostsEngine:
       broadcast       [x]              [root]
       reduce          [x]              [root, reduce op]    the result lands on root
       barrier         []               []
+
+    CUDA tensors of such a group are not the engine's: the backend hands them to NCCL.
     """
 
     def __init__(self, hg: HostGroup, config: Config, link_backend, timeout_s: float):
@@ -103,10 +105,6 @@ class HostsEngine:
             t.barrier()
         else:
             raise ValueError(f"ringzero backend engine: unknown op {op!r}")
-
-    def close(self):
-        if hasattr(self.transport, "close"):
-            self.transport.close()
 
 
 def _inner_cuda_backend(store, rank: int, size: int, timeout):
