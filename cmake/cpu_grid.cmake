@@ -46,13 +46,17 @@ if(RINGZERO_BUILD_TESTS)
     set_tests_properties(cpu_grid_${t} PROPERTIES ENVIRONMENT "RINGZERO_CPU_GRID_KERNEL_LOG=${_log}"
                          LABELS cpu_grid FIXTURES_SETUP cpu_grid_logs TIMEOUT 1500)
   endforeach()
-  # The grid's own streams and events against CUDA's semantics (grid only: it queues host work).
-  add_executable(cpu_grid_test_streams tests/cpp/test_cpu_grid_streams.cpp)
-  target_include_directories(cpu_grid_test_streams PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/tests/cpp)
-  target_link_libraries(cpu_grid_test_streams PRIVATE ringzero_cpu_grid)
-  add_dependencies(cpu_grid_tests cpu_grid_test_streams)
-  add_test(NAME cpu_grid_streams COMMAND cpu_grid_test_streams)
-  set_tests_properties(cpu_grid_streams PROPERTIES LABELS cpu_grid TIMEOUT 300)
+  # The grid's own rules, grid only (they queue host work, fork children): streams and events against
+  # CUDA's semantics; device memory and IPC as a GPU allows them (the host kept out, IPC's rules,
+  # closed mappings).
+  foreach(t streams memory)
+    add_executable(cpu_grid_test_${t} tests/cpp/test_cpu_grid_${t}.cpp)
+    target_include_directories(cpu_grid_test_${t} PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/tests/cpp)
+    target_link_libraries(cpu_grid_test_${t} PRIVATE ringzero_cpu_grid)
+    add_dependencies(cpu_grid_tests cpu_grid_test_${t})
+    add_test(NAME cpu_grid_${t} COMMAND cpu_grid_test_${t})
+    set_tests_properties(cpu_grid_${t} PROPERTIES LABELS cpu_grid TIMEOUT 300)
+  endforeach()
   find_package(Python3 COMPONENTS Interpreter REQUIRED)
   add_test(NAME cpu_grid_coverage COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/tools/cpu_grid_coverage.py
            --src ${CMAKE_CURRENT_SOURCE_DIR}/csrc/cuda ${_cpu_grid_logs})

@@ -6,11 +6,14 @@ planted defect (a dropped release store, an acquire turned into a plain load, a 
 an off-by-one in a block's last slice, an epoch not bumped, a ring credit one slot early, the issue-15
 per-slice partition, a dropped two-shot barrier, an unclaimed timeout record, a 16-byte pack taken at
 8-byte alignment in the collectives and at half its alignment in Adam, ring credits counted per
-launch, a dropped Adam bias correction, each of the ring driver's three stream waits dropped) rebuilds the CPU-grid tests and runs them: first the plain build (wrong values, a timeout,
-a crash), then, if that passed, the ThreadSanitizer build (a data race). Prints a table: every defect must be caught. Takes about 15
-minutes on 2 cores; not part of CI (docs/status.md: the table of its last run).
+launch, a dropped Adam bias correction, each of the ring driver's three stream waits dropped, a host
+read and a host write of device memory, a process opening its own IPC handle) rebuilds the CPU-grid
+tests and runs them: first the plain build (wrong values, a timeout, a crash, the grid's device-memory
+fault), then, if that passed, the ThreadSanitizer build (a data race). Prints a table: every defect
+must be caught. Takes about 20 minutes on 2 cores; not part of CI (docs/status.md: the table of its
+last run).
 
-    python3 tools/cpu_grid_mutations.py [--only NAME] [--keep]
+    python3 tools/cpu_grid_mutations.py [--only NAME[,NAME...]] [--keep]
 """
 import argparse
 import os
@@ -97,6 +100,19 @@ MUTANTS = [
      '    check(cudaStreamWaitEvent(comm_, tmp_free_[st.tmp], 0), "wait for a free receive buffer");\n',
      "    ;\n", 1, "loopback",
      "ring driver: a receive lands in a staging buffer the previous reduction may still read"),
+    ("host-reads-device-memory", "tests/cpp/test_cuda_fuzz.cu",
+     "CUDA_OK(cudaMemcpy(got.data(), b.op[q], out_n * es, cudaMemcpyDeviceToHost));",
+     "std::memcpy(got.data(), b.op[q], out_n * es);", 1, "fuzz",
+     "the fuzz reads each rank's output with a host memcpy from device memory (a fault on a GPU; on the "
+     "grid only a guard that faults can see it)"),
+    ("host-writes-signal-block", "csrc/cuda/peer_comm.cpp",
+     'cuda_ok(cudaMemset(base, 0, kSignalBytes), "zeroing the signal block");',
+     "std::memset(base, 0, kSignalBytes);", 1, "fuzz",
+     "PeerComm zeroes its signal block with a host memset of device memory"),
+    ("ipc-opens-own-handle", "csrc/cuda/peer_comm.cpp",
+     "    if (q == rank_) continue;\n    if (handles[q].size()",
+     "    if (handles[q].size()", 1, "fuzz",
+     "PeerComm opens every rank's IPC handle, its own too (CUDA refuses a process its own handle)"),
 ]
 
 TESTS = {
@@ -149,8 +165,12 @@ def build_and_test(build, test, tsan):
         what = "data race"
     elif rc == 124:
         what = "hang (killed)"
+    elif rc == 86:
+        what = "device-memory fault"
     elif "raised" in out or "timed out" in out:
         what = "CommTimeout"
+    elif "CUDA error" in out or "ringzero CUDA" in out:
+        what = "CUDA error"
     elif "failures" in out:
         what = "wrong values"
     else:
@@ -172,7 +192,7 @@ def replace_nth(text, old, new, nth, name, path):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", help="run one planted defect")
+    ap.add_argument("--only", help="run only these planted defects (names, comma-separated)")
     ap.add_argument("--keep", action="store_true", help="keep the temporary copy")
     args = ap.parse_args()
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="ringzero_mutations_"))
@@ -187,7 +207,11 @@ def main():
     for tsan, b in builds.items():
         configure(src, b, tsan)
     print("baseline (no defect):", flush=True)
-    for test in sorted({m[5] for m in MUTANTS if not args.only or m[0] == args.only}):
+    only = set(args.only.split(",")) if args.only else None
+    unknown = (only or set()) - {m[0] for m in MUTANTS}
+    if unknown:
+        sys.exit(f"--only: no planted defect named {', '.join(sorted(unknown))}")
+    for test in sorted({m[5] for m in MUTANTS if not only or m[0] in only}):
         for tsan in (False, True) if TESTS[test][2] is not None else (False,):
             caught, out = build_and_test(builds[tsan], test, tsan)
             print(f"  {test} {'TSan' if tsan else 'plain'}: {'FAILS: ' + caught if caught else 'passes'}", flush=True)
@@ -196,7 +220,7 @@ def main():
                 sys.exit("the unchanged kernels must pass before defects are planted")
     rows = []
     for name, path, old, new, nth, test, what in MUTANTS:
-        if args.only and name != args.only:
+        if only and name not in only:
             continue
         target = src / path
         original = mutated = target.read_text()

@@ -186,12 +186,29 @@ struct Ranks {
       sim.reset(new SimWorld(w.n, w.cfg));
       return;
     }
+#if defined(RINGZERO_CPU_GRID)
+    // Rank q's setup and teardown act for process q + 1 (IPC's rules: no rank opens its own handle).
     std::vector<std::string> handles;
     for (int q = 0; q < w.n; ++q) {
+      ringzero::cpu_grid::set_process(q + 1);
       real.emplace_back(new PeerComm(q, w.n, w.cfg));
       handles.push_back(real.back()->ipc_handle());
     }
-    for (auto& r : real) r->open_peers(handles);
+    for (int q = 0; q < w.n; ++q) {
+      ringzero::cpu_grid::set_process(q + 1);
+      real[q]->open_peers(handles);
+    }
+    ringzero::cpu_grid::set_process(0);
+#endif
+  }
+  ~Ranks() {
+#if defined(RINGZERO_CPU_GRID)
+    for (size_t q = 0; q < real.size(); ++q) {
+      ringzero::cpu_grid::set_process(q + 1);
+      real[q].reset();
+    }
+    ringzero::cpu_grid::set_process(0);
+#endif
   }
   PeerConfig config() const { return sim ? sim->config() : real[0]->config(); }
   void run(Coll coll, const std::vector<const void*>& ins, const std::vector<void*>& outs, size_t count, DType t,

@@ -38,6 +38,31 @@
 //   wait on a capturing stream is refused). Kernels on different streams run at once with no limit
 //   of multiprocessors between them. The "device" has RINGZERO_CPU_GRID_SMS multiprocessors (default
 //   64) holding one block each per launch: resident-block arithmetic and clamping run as on a GPU.
+//
+// [Note: device memory on the CPU grid]
+// What a GPU forbids and the grid makes fail, so that a test on the grid sees it (runtime.cpp):
+// - Host code may not touch device memory. cudaMalloc's memory is a mapping of its own that is
+//   inaccessible (PROT_NONE) from the moment a host synchronisation (cudaStreamSynchronize,
+//   cudaDeviceSynchronize, cudaEventSynchronize, a cudaMemcpy to the host, cudaFree) finds no device
+//   work running until a stream's worker starts its next item (a kernel, an async copy or set). A
+//   host read or write then faults, and the grid's SIGSEGV handler names the allocation and exits with
+//   status 86. While device work runs, and until the host next synchronises, the memory is open to
+//   every thread (protection is per process, and this CPU has no per-thread protection keys), so a
+//   host access in that window is not caught: the guard is sure where tests read their results, after
+//   a synchronisation. cudaHostAlloc's memory is host memory and stays readable.
+// - IPC follows CUDA's rules between "processes": a handle is only of an allocation's base; the
+//   process that allocated may not open its own handle (cudaErrorDeviceUninitialized, the driver's
+//   invalid context); a process may hold one open mapping of a handle (a second open is
+//   cudaErrorAlreadyMapped, as drivers before reference-counted opens answer; ringzero opens each
+//   peer once, which is right on both); a handle of freed memory does not open
+//   (cudaErrorMapBufferObjectFailed); only an open mapping closes. A host thread is a process of its
+//   own unless it says otherwise (set_process).
+// - An opened handle is a second mapping of the same pages at another address (mremap), as another
+//   process gets, and closing it leaves its addresses reserved and inaccessible, so a kernel that still
+//   uses a closed mapping faults at once, named by the handler. Under ThreadSanitizer the opened
+//   pointer is the allocation's own (TSan keys races by address: an alias would hide every race
+//   between a rank and the peers that write into its memory), so there a closed mapping stays usable:
+//   the plain build proves that rule.
 #pragma once
 #ifndef RINGZERO_CPU_GRID
 #error "cuda/cpu_grid/grid.h is the CPU grid's; build with -DRINGZERO_CPU_GRID"
@@ -101,6 +126,10 @@ void set_chaos(uint64_t seed);
 uint64_t chaos_seed();
 void set_block_threads(unsigned threads);
 unsigned block_threads();
+// The process the calling host thread acts for, as far as IPC's rules go ([Note: device memory on the
+// CPU grid]): 0 (the default) makes each host thread a process of its own; a rank's threads that
+// should share one process (its setup thread, its launching threads, its teardown) set the same id.
+void set_process(uint64_t id);
 // Kernels launched so far, by full name (template arguments included), and how often.
 std::map<std::string, uint64_t> launched_kernels();
 // Writes launched_kernels() to RINGZERO_CPU_GRID_KERNEL_LOG (one "count<TAB>name" line each) when set.
@@ -258,6 +287,9 @@ enum cudaError_t {
   cudaErrorInvalidConfiguration = 9,
   cudaErrorInsufficientDriver = 35,
   cudaErrorNoDevice = 100,
+  cudaErrorDeviceUninitialized = 201,
+  cudaErrorMapBufferObjectFailed = 205,
+  cudaErrorAlreadyMapped = 208,
   cudaErrorStreamCaptureUnsupported = 900,
   cudaErrorCooperativeLaunchTooLarge = 720,
   cudaErrorNotReady = 600,
