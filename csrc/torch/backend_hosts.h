@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/types.h"
+#include "dtype_map.h"
 
 namespace ringzero {
 
@@ -20,20 +21,6 @@ namespace ringzero {
 // exception: CommTimeoutError, CollectiveMismatchError or CommError) what the engine raised.
 using HostsEngine = std::function<void(const std::string& op, const std::vector<at::Tensor>& tensors,
                                        const std::vector<int64_t>& args)>;
-
-inline at::ScalarType scalar_type_of(DType d) {
-  switch (d) {
-    case DType::F32: return at::kFloat;
-    case DType::F64: return at::kDouble;
-    case DType::BF16: return at::kBFloat16;
-    case DType::F16: return at::kHalf;
-    case DType::I8: return at::kChar;
-    case DType::U8: return at::kByte;
-    case DType::I32: return at::kInt;
-    case DType::I64: return at::kLong;
-  }
-  return at::kByte;
-}
 
 class HostsComm {
  public:

@@ -1,4 +1,4 @@
-// torch dtype -> core DType (layer 4). One table for every torch-facing file; module.cpp's to_dtype
+// torch dtype <-> core DType (layer 4). One table for every torch-facing file; module.cpp's to_dtype
 // adds the error for the dtypes outside it.
 #pragma once
 #include <c10/core/ScalarType.h>
@@ -22,6 +22,21 @@ inline std::optional<DType> core_dtype(at::ScalarType t) {
     case at::kLong: return DType::I64;
     default: return std::nullopt;
   }
+}
+
+// The torch dtype of a core DType (the inverse of core_dtype over its eight).
+inline at::ScalarType scalar_type_of(DType d) {
+  switch (d) {
+    case DType::F32: return at::kFloat;
+    case DType::F64: return at::kDouble;
+    case DType::BF16: return at::kBFloat16;
+    case DType::F16: return at::kHalf;
+    case DType::I8: return at::kChar;
+    case DType::U8: return at::kByte;
+    case DType::I32: return at::kInt;
+    case DType::I64: return at::kLong;
+  }
+  return at::kByte;
 }
 
 }  // namespace ringzero
