@@ -1,6 +1,6 @@
 // Peer-memory communicators (layer 2, host side): PeerComm is one real rank whose staging buffer and
 // signal block are exported as a CUDA IPC handle and opened by the other ranks of the node; SimWorld
-// is N simulated ranks in one process on one GPU (DESIGN.md "Proving GPU code on one GPU"), launched
+// is N simulated ranks in one process on one GPU (docs/design.md "Proving GPU code on one GPU"), launched
 // as one grid with blockIdx.y = rank. Both run the same kernels through run_collective().
 //
 // Every method enqueues work on the given stream and returns (no host synchronisation, so calls can be
