@@ -1,7 +1,8 @@
-# The CPU grid (csrc/cuda/cpu_grid, DESIGN.md "Two back ends"): layer 2's CUDA source, the peer-memory
-# host code and layer 3's loopback ring driver compiled by the host C++ compiler, and the CUDA C++ tests
-# (tests/cpp/test_cuda*.cu, unchanged) run on it in ctest. Needs no nvcc and no GPU. A build with
-# -fsanitize=thread in CMAKE_CXX_FLAGS is the ThreadSanitizer run (tools/test.sh builds it apart).
+# The CPU grid (csrc/cuda/cpu_grid; docs/design.md, "One kernel source, two back ends"): layer 2's CUDA
+# source, the peer-memory host code and layer 3's loopback ring driver compiled by the host C++ compiler,
+# and the CUDA C++ tests (tests/cpp/test_cuda*.cu, unchanged) run on it in ctest. Needs no nvcc and no
+# GPU. A build with -fsanitize=thread in CMAKE_CXX_FLAGS is the ThreadSanitizer run (tools/test.sh
+# builds it apart).
 set(_cpu_grid_gen ${CMAKE_CURRENT_BINARY_DIR}/cpu_grid)
 # Every .cu file of csrc/cuda: a kernel file not listed here fails tools/cpu_grid_coverage.py.
 set(RINGZERO_CPU_GRID_CU adam reduce oneshot twoshot ring)

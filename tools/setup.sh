@@ -27,7 +27,7 @@ PYEOF
   exit 1
 fi
 # numpy/pytest/tqdm/matplotlib for the package and its tests (expecttest: torch's own test suite, which
-# tests/torch_suite runs, imports it); cmake/ninja build it; setuptools and wheel because
+# tests/torch_suite runs, imports it); cmake and ninja build it; setuptools and wheel because
 # --no-build-isolation builds with what is installed (a new venv has neither a recent setuptools nor
 # wheel); the NCCL wheel gives nccl.h to the CUDA sources (compiled whenever nvcc is present), and
 # cuobjdump with the nvdisasm it runs disassemble them for tools/cuda_static_check.py.

@@ -25,8 +25,8 @@ constexpr auto no_work = [](const auto&) {};
 
 AllReduceAlgo ShmComm::choose_all_reduce(size_t bytes) const {
   // One-shot up to 64 KiB: one synchronisation, every rank reads all inputs; above that the two-shot's
-  // 1/n share of the reduction wins (measured with benchmarks/collectives.py on the 2-core CI machine,
-  // 2026-11-21; see benchmarks/RESULTS.md).
+  // 1/n share of the reduction wins (measured on the 2-core CI machine, 2026-11-21, by a script that was
+  // not kept; `ringzero bench` under each RINGZERO_ALLREDUCE_ALGO repeats it; see benchmarks/RESULTS.md).
   constexpr size_t kOneShotMaxBytes = 64 * 1024;
   if (bytes <= kOneShotMaxBytes && bytes <= slot_bytes_) return AllReduceAlgo::OneShot;
   return AllReduceAlgo::TwoShot;

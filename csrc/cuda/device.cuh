@@ -119,8 +119,8 @@ template <class T> __device__ __forceinline__ void store_pack(T* p, const Pack<T
 // and a peer's FIFO slot: NCCL's "copy-send" in one pass). Sources and destinations may alias one
 // another element-wise (every thread loads a whole pack before it stores it). MaxSrc below kMaxRanks
 // (the ring's 2: received slot, local input) bounds reduce_span's loops at compile time, so they unroll
-// and the pointers stay in registers; the run-time-indexed array of the kMaxRanks form lives in local
-// memory, and in the ring (at its 128-register cap) that array cost spills.
+// and the pointers stay in registers; a run-time-indexed array of kMaxRanks pointers would live in
+// local memory, which the ring, at its register cap, cannot afford.
 template <class T, int MaxSrc = kMaxRanks> struct Span {
   const T* src[MaxSrc];
   int nsrc;
@@ -195,11 +195,10 @@ template <class T> __device__ __forceinline__ void copy_block(T* dst, const T* s
 // launch. Memory order: the record's fields, then __threadfence_system, then the code (the host reads
 // the code first); stuck_on is a st.release.sys read with ld.acquire.sys by peers.
 // The slow path's view of a wait that ran out, a copy the waiting thread fills in its local memory
-// only when the wait runs out and hands to give_up by reference: passing a pointer into the kernel's
-// parameters to a non-inlined function would make every thread copy them to local memory (ptxas showed
-// 560-byte stack frames); inlining the slow path made ptxas spill in the ring's hot loop; and by value
-// the struct took about 30 argument registers at the call, around which ptxas spilled (one-shot fp16
-// and int32 Prod on sm_90a).
+// only when the wait runs out and hands to give_up by reference. Each other way costs the hot path:
+// a pointer into the kernel's parameters, handed to a non-inlined function, makes every thread copy the
+// parameters to local memory; an inlined slow path crowds the ring's loop into spills; and the struct by
+// value takes about 30 argument registers at the call (benchmarks/RESULTS.md, "CUDA kernels, static").
 struct StuckWait {
   Signal* signal[kMaxRanks];
   RunStatus* status;

@@ -1,5 +1,5 @@
 // Turns the run-time (dtype, op) of a call into template arguments, once, for every launcher of layer 2.
-// The CUDA path covers float32, bfloat16, float16, int32 and int64 (the issue's set); other dtypes
+// The CUDA path covers float32, bfloat16, float16, int32 and int64; other dtypes
 // return cudaErrorInvalidValue and Python never sends them here.
 #pragma once
 #include <cuda_runtime.h>
@@ -47,7 +47,7 @@ template <class K> int resident_blocks(K kernel) {
 // Launches Kernel<<<(nblocks, grid_y), kThreads>>>(args) after clamping nblocks to what stays resident.
 // The kernel is a template argument so that each kernel caches its own occupancy.
 // may_shrink = false (the ring, whose FIFO layout depends on the channel count): refuse instead.
-// Co-residency (reviewed for issue 15): with simulated ranks, block (b, q) spins on block (b, q') of
+// Co-residency: with simulated ranks, block (b, q) spins on block (b, q') of
 // the same grid, so all nblocks x grid_y blocks must be on the SMs at once; nblocks x grid_y <= SMs x
 // occupancy guarantees that on an otherwise idle GPU (and the ring's channel count is fixed below
 // SMs / grid_y by SimWorld, one block per SM always fitting). Kernels of other streams holding SMs

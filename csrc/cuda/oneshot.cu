@@ -17,15 +17,13 @@
 //     ends only after all its blocks passed barrier 2, i.e. after every peer's every block has read);
 //   - orders and scopes: st.release.sys / ld.acquire.sys on 64-bit counters that only grow; data moves
 //     with .cg loads (L2, never a stale L1 line) and plain stores made visible by the release.
-// [Note: fixed slice partition] (the issue-15 race): the partition of a slice among blocks must not
-// depend on the slice's length. It used to be block_part(len) per slice, so a shorter LAST slice was
-// split differently: block b of rank r, released by barrier 2 of block b only, wrote its last-slice
-// part staging[r][per' b, per' (b+1)) over elements that block b' != b of a slower peer was still
-// reading for the previous slice. (Test case: 3 ranks, 256 KiB staging = 65536 floats, 8 blocks,
-// n = 300007: slice 4 has 37863 elements, per' = 4736, so block 4 rewrote [18944, 23680) while a
-// peer's block 2 was still reducing [16384, 24576) of slice 3 -> wrong sums from 196608 + 20480 =
-// 217088, as the H100 run showed.) Now every slice has the same length `slice` (the last one at most
-// that) and each block keeps its part of `slice`.
+// [Note: fixed slice partition] the partition of a slice among blocks must not depend on the slice's
+// length. Barrier 2 of block b releases block b of the peers only, so block b may next write only what
+// block b alone touched: were a shorter last slice split by its own length, block b's part of it would
+// cover elements another block of a slower peer is still reading from the previous slice. So every
+// slice has the same length `slice` (the last one at most that) and each block keeps its part of
+// `slice`. tests/cpp/test_cuda_schedule.cpp checks the rule on the kernels' own slice arithmetic and
+// shows the overwrite a per-slice split makes.
 #include "cuda/collectives.h"
 #include "cuda/dispatch.cuh"
 

@@ -1,6 +1,6 @@
 // Peer-memory communicators (layer 2, host side): PeerComm is one real rank whose staging buffer and
 // signal block are exported as a CUDA IPC handle and opened by the other ranks of the node; SimWorld
-// is N simulated ranks in one process on one GPU (DESIGN.md "Proving GPU code on one GPU"), launched
+// is N simulated ranks in one process on one GPU (docs/design.md "Proving GPU code on one GPU"), launched
 // as one grid with blockIdx.y = rank. Both run the same kernels through run_collective().
 //
 // Every method enqueues work on the given stream and returns (no host synchronisation, so calls can be
@@ -24,9 +24,9 @@ struct PeerConfig {
   int ring_channels = 16;                 // fixed per communicator (it fixes the FIFO layout)
   int max_blocks = 32;                    // one-shot/two-shot blocks per rank
   // Auto picks one-shot up to one_shot_max_bytes, two-shot up to two_shot_max_bytes, ring above.
-  // NOT MEASURED yet: starting points. The 2026-11-22 H100 run (shared/evidence) timed the racy
-  // one-shot/two-shot of before issue 15, so its crossovers do not count; replace these with the
-  // crossover that benchmarks/gpu_check.sh prints ("fastest per size") on a fixed build.
+  // NOT MEASURED yet: starting points. The 2026-11-22 H100 run (benchmarks/results/h100-2026-11-22)
+  // timed a one-shot/two-shot with a staging race since fixed, so its crossovers do not count; replace
+  // these with the crossover that benchmarks/gpu_check.sh prints ("fastest per size") on a fixed build.
   size_t one_shot_max_bytes = 256u << 10;
   size_t two_shot_max_bytes = 16u << 20;
 };

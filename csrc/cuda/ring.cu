@@ -29,7 +29,6 @@
 //   - the credit test uses the absolute counters, so the first sends of a launch wait for the receives
 //     of the previous launch's last slices (a rank's kernel may end before its right neighbour has
 //     read them): credits carry over, nothing is reset.
-// Reviewed for issue 15 (the staging race of one-shot/two-shot): no change needed here.
 #include "cuda/collectives.h"
 #include "cuda/dispatch.cuh"
 
@@ -47,9 +46,27 @@ struct RingChannel {
   uint64_t sent, recvd;
   uint64_t timeout_ns;
 
+  // The ring's primitives, named as NCCL's: a name lists its step's parts in order. recv: take the slot
+  // the left neighbour filled; Reduce: combine it with `src` (this rank's input; without recv, `src` is
+  // the data); Copy: write `dst` (this rank's output); Send: write the right neighbour's slot. Each is
+  // one step(); `divisor` applies Avg on the step that completes a chunk.
+  __device__ __forceinline__ void send(const T* src, size_t len) { step(false, src, nullptr, true, len, 1); }
+  __device__ __forceinline__ void copySend(const T* src, T* dst, size_t len) {
+    step(false, src, dst, true, len, 1);
+  }
+  __device__ __forceinline__ void recvReduceSend(const T* src, size_t len) { step(true, src, nullptr, true, len, 1); }
+  __device__ __forceinline__ void recvReduceCopySend(const T* src, T* dst, size_t len, int divisor) {
+    step(true, src, dst, true, len, divisor);
+  }
+  __device__ __forceinline__ void recvReduceCopy(const T* src, T* dst, size_t len, int divisor) {
+    step(true, src, dst, false, len, divisor);
+  }
+  __device__ __forceinline__ void recvCopySend(T* dst, size_t len) { step(true, nullptr, dst, true, len, 1); }
+  __device__ __forceinline__ void recv(T* dst, size_t len) { step(true, nullptr, dst, false, len, 1); }
+
   // One ring step over `len` elements: sources are the received slot (if recv) then `local` (if not
   // null), combined with Op; destinations are `out` (if not null) and the right neighbour's slot (if
-  // send). `divisor` applies Avg on the step that completes a chunk.
+  // send). The primitives above are its only callers (its flags shadow their names in here).
   __device__ void step(bool recv, const T* local, T* out, bool send, size_t len, int divisor) {
     if (failed) return;
     Signal* self = peers->signal[rank];
@@ -84,10 +101,10 @@ struct Piece {
 };
 
 // Min 1 block per SM: a channel is one persistent block and SimWorld keeps channels x ranks <= SMs, so
-// occupancy above 1 buys nothing; without it ptxas capped 8 of the 20 instantiations at 64 registers
-// and spilled ~530 bytes per thread (200+ in all 20 once the timeout path was added), with it 4-8 bytes,
-// and none since step's Span holds 2 sources and give_up takes its StuckWait by reference (94-108
-// registers; benchmarks/RESULTS.md, static check).
+// occupancy above 1 buys nothing, and the bound lets ptxas give each thread up to 128 registers
+// (65536 / kThreads) rather than fewer for an occupancy nobody uses: the step needs them to run without
+// spills (tools/cuda_static_check.py holds it to none; the counts are in benchmarks/RESULTS.md,
+// "CUDA kernels, static").
 template <class T, class Op>
 __global__ void __launch_bounds__(kThreads, 1) ring_kernel(CollArgs a) {
   const RankBuffers& me = a.ranks[blockIdx.y];
@@ -123,19 +140,19 @@ __global__ void __launch_bounds__(kThreads, 1) ring_kernel(CollArgs a) {
         return Piece{lo, lo >= end ? 0 : (lo + per < end ? per : end - lo)};
       };
       Piece p = piece(mod(r - 1));
-      ch.step(false, in + p.off, nullptr, true, p.len, 1);                         // send
+      ch.send(in + p.off, p.len);
       for (int j = 2; j < n; ++j) {
         p = piece(mod(r - j));
-        ch.step(true, in + p.off, nullptr, true, p.len, 1);                        // recvReduceSend
+        ch.recvReduceSend(in + p.off, p.len);
       }
       p = piece(r);
-      ch.step(true, in + p.off, out + p.off, true, p.len, a.divisor);              // recvReduceCopySend
+      ch.recvReduceCopySend(in + p.off, out + p.off, p.len, a.divisor);
       for (int j = 1; j < n - 1; ++j) {
         p = piece(mod(r - j));
-        ch.step(true, nullptr, out + p.off, true, p.len, 1);                       // recvCopySend
+        ch.recvCopySend(out + p.off, p.len);
       }
       p = piece(mod(r + 1));
-      ch.step(true, nullptr, out + p.off, false, p.len, 1);                        // recv
+      ch.recv(out + p.off, p.len);
     }
   } else {
     // Reduce-scatter (in: N blocks of count, out: block r) and all-gather (in: count, out: N blocks):
@@ -147,15 +164,15 @@ __global__ void __launch_bounds__(kThreads, 1) ring_kernel(CollArgs a) {
       const size_t lo = w + c * per, end = w + rem;
       const size_t len = lo >= end ? 0 : (lo + per < end ? per : end - lo);
       if (kind == RingKind::ReduceScatter) {
-        ch.step(false, in + mod(r - 1) * C + lo, nullptr, true, len, 1);           // send
+        ch.send(in + mod(r - 1) * C + lo, len);
         for (int j = 2; j < n; ++j)
-          ch.step(true, in + mod(r - j) * C + lo, nullptr, true, len, 1);          // recvReduceSend
-        ch.step(true, in + r * C + lo, out + lo, false, len, a.divisor);           // recvReduceCopy
+          ch.recvReduceSend(in + mod(r - j) * C + lo, len);
+        ch.recvReduceCopy(in + r * C + lo, out + lo, len, a.divisor);
       } else {
-        ch.step(false, in + lo, out + r * C + lo, true, len, 1);                   // copySend
+        ch.copySend(in + lo, out + r * C + lo, len);
         for (int j = 1; j < n - 1; ++j)
-          ch.step(true, nullptr, out + mod(r - j) * C + lo, true, len, 1);         // recvCopySend
-        ch.step(true, nullptr, out + mod(r + 1) * C + lo, false, len, 1);          // recv
+          ch.recvCopySend(out + mod(r - j) * C + lo, len);
+        ch.recv(out + mod(r + 1) * C + lo, len);
       }
     }
   }

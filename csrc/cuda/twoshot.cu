@@ -15,9 +15,9 @@
 //   - phase 1 writes staging[r][r C + b0, r C + b1) in place (nobody else reads chunk r of rank r in
 //     phase 1: rank q reads chunk q); barrier 2 guards phase 2's reads of staging[k][k C + b0, ...);
 //   - barrier 3: every rank's block b finished phase 2, so block b may overwrite staging[r] in phase 0
-//     of the next slice or launch. With C derived from each slice's own length (as before issue 15),
-//     a shorter last slice moved every chunk boundary and block b overwrote what other blocks of a
-//     slower peer were still copying in phase 2: the wrong sums seen at 6 ranks.
+//     of the next slice or launch. This holds only because C does not follow each slice's length: a
+//     shorter last slice would move every chunk boundary, and block b would overwrite what other
+//     blocks of a slower peer are still copying in phase 2 (tests/cpp/test_cuda_schedule.cpp).
 //   - orders and scopes as in oneshot.cu (system-scope release/acquire counters, .cg loads).
 #include "cuda/collectives.h"
 #include "cuda/dispatch.cuh"

@@ -232,8 +232,8 @@ def run(args) -> None:
 # ---- --sim-ranks N: N simulated ranks on one GPU, one process --------------------------------------
 
 def run_simulated(args) -> int:
-    """`--sim-ranks N`: every rank's buffers on this GPU, one kernel launch per collective (DESIGN.md's
-    simulated ranks). Returns the exit status (1 if a row has wrong elements)."""
+    """`--sim-ranks N`: every rank's buffers on this GPU, one kernel launch per collective (docs/design.md,
+    "Proving GPU code on one GPU"). Returns the exit status (1 if a row has wrong elements)."""
     import ringzero
     from ringzero import _C
     from ringzero.comm import cuda as rz_cuda

@@ -194,7 +194,7 @@ def main(argv=None):
         with open(os.path.join(args.out, "results.json"), "w") as f:
             json.dump(results + [{"strategy": s, "error": why} for s, why in failed], f, indent=1)
         if len(results) > 1:
-            from .trainer import plot_compare
+            from .compare_plot import plot_compare
 
             path = plot_compare(results, os.path.join(args.out, "compare.png"))
             print(f"wrote {path}")

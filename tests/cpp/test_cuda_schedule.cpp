@@ -143,6 +143,11 @@ void check_schedule(const Schedule& sched, size_t count, size_t slot, size_t pac
 
 int main() {
   // The H100 case of issue 15, on the schedule of before the fix: rule 2 must fail, here is how.
+  // Worked by hand: 256 KiB staging is 65536 floats a slice, so n = 300007 leaves a last slice 4 of
+  // 37863 elements; split by its own length among 8 blocks, a block's part is 4736 (not 8192), so
+  // block 4 rewrote [18944, 23680) of its staging while a slower peer's block 2 was still reducing
+  // [16384, 24576) of slice 3: wrong sums from 196608 + 20480 = 217088, the first wrong index the
+  // H100 run reported (benchmarks/results/h100-2026-11-22/README.md).
   const std::string old = reuse_conflict(one_shot(300007, 65536, 8, 4, false));
   EXPECT(!old.empty(), "the pre-fix one-shot schedule shows no conflict: this test cannot see the race");
   std::printf("pre-fix one-shot, 300007 floats, 256 KiB staging, 8 blocks: %s\n", old.c_str());

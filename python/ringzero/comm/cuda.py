@@ -56,7 +56,7 @@ def check_available(op: str, arg: str):
 
 
 def simulated_world(nranks: int, **overrides):
-    """N simulated ranks on the current GPU (DESIGN.md "Proving GPU code on one GPU"): returns a
+    """N simulated ranks on the current GPU (docs/design.md "Proving GPU code on one GPU"): returns a
     _C.CudaSimWorld whose run(coll, inputs, outputs, op, algo) takes one tensor per rank."""
     if not torch.cuda.is_available():
         raise RuntimeError("ringzero: simulated ranks run on a GPU, and this process sees none "
