@@ -132,8 +132,8 @@ class Layout:
     def check_model(self, cfg, sequence_parallel: bool = False):
         """LayoutError ('tp_divides_model') unless tp divides what tensor parallelism splits in the
         models.GPTConfig `cfg`: n_head, d_model * mlp_ratio, vocab_size, and with sequence parallelism
-        seq_len (parallel.tensor_gpt's rules)."""
-        from .tensor_gpt import check_tensor_parallel_config
+        seq_len (parallel.tensor_parallel.tensor_gpt's rules)."""
+        from .tensor_parallel.tensor_gpt import check_tensor_parallel_config
 
         try:
             check_tensor_parallel_config(cfg, self.tp, sequence_parallel)

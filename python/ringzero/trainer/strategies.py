@@ -17,10 +17,10 @@ import ringzero
 from ..models import lm_loss
 from ..optim import FusedAdamW
 from ..parallel import DistributedDataParallel, Mesh, ZeroDataParallel, vocab_parallel_cross_entropy
-from ..parallel.clip import clip_grad_norm_
+from ..parallel.data_parallel.clip import clip_grad_norm_
 from ..parallel.layout import Layout
 from ..parallel.pipeline import PipelineRunner, PipelineStage, split
-from ..parallel.tensor_state import clip_tensor_parallel_grad_norm_
+from ..parallel.tensor_parallel.tensor_state import clip_tensor_parallel_grad_norm_
 from .device import Autocast
 from .models import free_parameters, model_family
 
@@ -126,8 +126,8 @@ class DataParallelRun:
 
 class TensorParallelRun(DataParallelRun):
     """tp: the model sharded over the --tp ranks of each replica (its family's tensor_parallel: the GPT's
-    parallel.tensor_gpt, or parallelize for an hf model), DDP over the replicas; tp+zero1: ZeRO-1 over the
-    replicas instead. The tensor ranks of a replica take the same slice of the batch; the loss is the
+    parallel.tensor_parallel.tensor_gpt, or parallelize for an hf model), DDP over the replicas; tp+zero1:
+    ZeRO-1 over the replicas instead. The tensor ranks of a replica take the same slice of the batch; the loss is the
     vocabulary-parallel cross-entropy (no full logits).
 
     mesh: the (dp x tp) mesh; tp_model: the tensor-parallel module inside `model`; layout: the run's Layout."""
