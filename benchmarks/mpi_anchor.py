@@ -6,7 +6,7 @@
 
 Each round runs ringzero, Open MPI and MPICH one after the other (the order rotates from round to round,
 so slow drift of the machine does not favour one of them), each as a fresh job of --nproc ranks that
-times every op at every size with ringzero.bench.time_calls: warm up, fill --budget-s with calls, time
+times every op at every size with ringzero.timing.time_calls: warm up, fill --budget-s with calls, time
 the loop between two barriers, keep the slowest rank's mean per call. The table gives each library's
 median over the rounds with the range [fastest-slowest run], the ratio best MPI median / ringzero
 median (above 1: ringzero faster), the lowest round's ratio over every round and over the rounds whose
@@ -93,7 +93,7 @@ def _sizes_for(op: str, size: int, world: int, es: int = 4) -> tuple[int, int]:
 def _time_ops(args, world: int, make, calls: dict, barrier, max_over_ranks) -> dict:
     """{"<op> <size>": seconds per call} over args.ops x args.sizes; make(n) makes a float32 buffer of n
     ones, calls[op](whole, per_rank) returns the call to time."""
-    from ringzero.bench import time_calls
+    from ringzero.timing import time_calls
 
     results = {}
     for op in args.ops:

@@ -4,7 +4,7 @@
 
 Each positional argument is one setting (NAME=VALUE[,NAME=VALUE...] of environment variables, or `default`).
 Every round runs one fresh 2-rank job per setting, in turn; each job times all_reduce, all_gather and
-reduce_scatter at --sizes with ringzero.bench.time_calls (as `ringzero bench` and mpi_anchor.py do). The
+reduce_scatter at --sizes with ringzero.timing.time_calls (as `ringzero bench` and mpi_anchor.py do). The
 driver measures the cache-line round trip between the first two cpus before and after each job
 (ringzero._C.core_round_trip_ns) and files the job under "one" (one L3 both times), "split" (two L3s both
 times) or drops it (it changed). Prints the median ms per setting and placement: the measurement behind

@@ -49,8 +49,8 @@ def saved_by_one_layer(family, kv_heads, parallel=False):
     """(shape, bytes autograd saves in one decoder layer's forward, the formula's leftovers) for a batch of
     4; parallel: the layer as parallelize makes it (a tensor-parallel group of one)."""
     from ringzero.parallel import Mesh
-    from ringzero.parallel.hf_pipeline import hf_as_sequential
-    from ringzero.parallel.parallelize import parallelize
+    from ringzero.parallel.hf.hf_pipeline import hf_as_sequential
+    from ringzero.parallel.hf.parallelize import parallelize
 
     shape, model = shape_and_model(family, kv_heads)
     if parallel:

@@ -1,4 +1,4 @@
-"""parallelize() and the pipeline stages of Hugging Face models (parallel/parallelize.py, hf_layers.py,
+"""parallelize() and the pipeline stages of Hugging Face models (parallel/hf/parallelize.py, hf_layers.py,
 hf_pipeline.py) against the unsplit transformers model.
 
 Reference: the same tiny random model (models/hf.py, the same seed) run whole in each rank's own
@@ -98,7 +98,7 @@ def worst(got, want):
 
 def forward_backward_parity(mesh, cfg, sp, label):
     from ringzero.parallel import parallelize
-    from ringzero.parallel.hf_layers import causal_lm_loss
+    from ringzero.parallel.hf.hf_layers import causal_lm_loss
     tp, r = mesh.size("tp"), mesh.index("tp")
     x, y = batch(cfg)
     ref = build(cfg)
@@ -129,7 +129,7 @@ def forward_backward_parity(mesh, cfg, sp, label):
 
 def training_parity(mesh, cfg, sp, label):
     from ringzero.parallel import parallelize
-    from ringzero.parallel.hf_layers import causal_lm_loss
+    from ringzero.parallel.hf.hf_layers import causal_lm_loss
     tp, r = mesh.size("tp"), mesh.index("tp")
     ref = build(cfg)
     model = parallelize(build(cfg), mesh, plan=cfg["family"], sequence_parallel=sp)
@@ -171,7 +171,7 @@ def refusals(mesh):
         assert type(model.get_input_embeddings()).__name__ == "Embedding", f"{words}: model changed"
         assert getattr(model, "ringzero_parallel", None) is None
     import dataclasses
-    from ringzero.parallel.hf_plans import LLAMA
+    from ringzero.parallel.hf.hf_plans import LLAMA
     with pytest.raises(ValueError, match="layer_norms="):
         parallelize(build(LLAMA_GQA), mesh, plan=dataclasses.replace(LLAMA, layer_norms=("ln_1",)))
     with pytest.raises(TypeError, match="mesh"):

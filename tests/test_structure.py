@@ -168,3 +168,161 @@ def test_the_layout_check_finds_a_second_decision():
     sample = {"x.py": "def pick(topo):\n    if topo.single_host:\n        return SharedMemory(1, 2)\n"}
     found = layout_decisions(sample)
     assert found["made"] == {("x.py", "pick")} and found["read"] == {("x.py", "pick")} and not found["layout"]
+
+
+# ---- the whole package: no import cycle, parallel/ by form, trainer/ by registry -------------------------
+
+PACKAGE = COMM.parent
+EXTENSIONS = {"ringzero._C"}
+"""Compiled modules: they import no Python module of ours, so they end every path."""
+
+
+def package_modules(root: pathlib.Path = PACKAGE) -> dict[str, pathlib.Path]:
+    """Dotted name -> file of every Python module under `root` (a package's name is its folder's)."""
+    found = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = [root.name, *path.relative_to(root).with_suffix("").parts]
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def import_graph(modules: dict[str, pathlib.Path], top: str = "ringzero") -> dict[str, set[str]]:
+    """For each module, the modules of `top` it imports anywhere in its file, inside functions too:
+    such an import only postpones a cycle to the first call, and the two modules still cannot be read
+    apart. Relative imports are resolved; `from P import n` is an import of P.n where that is a module,
+    else of P. An import of a module does not count as one of its parent packages."""
+    known = set(modules) | EXTENSIONS
+    graph = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = package.split(".")[:len(package.split(".")) - node.level + 1] if node.level else []
+                target = ".".join(base + ([node.module] if node.module else []))
+                for a in node.names:
+                    found.add(f"{target}.{a.name}" if f"{target}.{a.name}" in known else target)
+        graph[name] = {m for m in found if m in known and m.split(".")[0] == top}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of `graph` as a path that ends where it starts, or None."""
+    state: dict[str, str] = {}
+
+    def visit(m, path):
+        if state.get(m) == "done":
+            return None
+        if state.get(m) == "open":
+            return path[path.index(m):] + [m]
+        state[m] = "open"
+        for dep in sorted(graph.get(m, ())):
+            cycle = visit(dep, path + [m])
+            if cycle:
+                return cycle
+        state[m] = "done"
+        return None
+
+    for m in sorted(graph):
+        cycle = visit(m, [])
+        if cycle:
+            return cycle
+    return None
+
+
+def test_no_import_cycle_in_ringzero():
+    cycle = find_cycle(import_graph(package_modules()))
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_cycle_check_finds_one_through_a_function_level_relative_import(tmp_path):
+    pkg = tmp_path / "ringzero"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from .sub import b\n")
+    (pkg / "sub" / "b.py").write_text("def f():\n    from ..a import x\n")
+    graph = import_graph(package_modules(pkg))
+    assert graph["ringzero.a"] == {"ringzero.sub.b"} and graph["ringzero.sub.b"] == {"ringzero.a"}
+    assert find_cycle(graph) == ["ringzero.a", "ringzero.sub.b", "ringzero.a"]
+
+
+PARALLEL_FORMS = {"data_parallel": set(), "tensor_parallel": {"data_parallel"},
+                  "pipeline": {"data_parallel", "tensor_parallel"},
+                  "hf": {"data_parallel", "tensor_parallel", "pipeline"}}
+"""The folders of parallel/, one per form, and the other forms each may import (docs/design.md)."""
+
+
+def test_parallel_has_a_folder_per_form():
+    parallel = PACKAGE / "parallel"
+    assert {p.name for p in parallel.glob("*.py")} == {"__init__.py", "mesh.py", "layout.py"}
+    folders = {p.name for p in parallel.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert folders == set(PARALLEL_FORMS)
+    assert all((parallel / f / "__init__.py").is_file() for f in folders)
+    graph = import_graph(package_modules())
+    wrong = []
+    for name, deps in graph.items():
+        form = name.split(".")[2] if name.startswith("ringzero.parallel.") else None
+        if form in PARALLEL_FORMS:
+            for dep in deps:
+                other = dep.split(".")[2] if dep.startswith("ringzero.parallel.") else None
+                if other in PARALLEL_FORMS and other != form and other not in PARALLEL_FORMS[form]:
+                    wrong.append(f"{name} imports {dep}")
+    assert not wrong, wrong
+
+
+def run_name_branches(source: str, names) -> list[int]:
+    """Lines of `source` that compare something with one of the run `names` (==, !=, in a literal
+    collection of them) or test for a prefix or suffix of one (.startswith("deepspeed-"))."""
+    names = set(names)
+
+    def is_name(node):
+        return isinstance(node, ast.Constant) and node.value in names
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            if any(is_name(o) or (isinstance(o, (ast.Tuple, ast.List, ast.Set)) and any(is_name(e) for e in o.elts))
+                   for o in operands):
+                found.append(node.lineno)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                node.func.attr in ("startswith", "endswith"):
+            literals = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+            if any(getattr(n, node.func.attr)(s) for s in literals for n in names):
+                found.append(node.lineno)
+    return sorted(found)
+
+
+def test_trainer_picks_a_run_class_from_one_registry():
+    """registry.RUN_CLASSES maps every name `ringzero train` accepts to a concrete run.Run class, and is
+    the only place that tells runs apart by name: no trainer module but layout.py (the name tables and
+    the rules checked before any rank starts) branches on a run's name, and loop.py probes no Run
+    attribute with getattr/hasattr."""
+    import inspect
+
+    from ringzero.trainer.layout import RUNS
+    from ringzero.trainer.registry import RUN_CLASSES
+    from ringzero.trainer.run import Run
+
+    assert set(RUN_CLASSES) == set(RUNS)
+    assert all(issubclass(c, Run) and not inspect.isabstract(c) for c in RUN_CLASSES.values())
+    trainer = PACKAGE / "trainer"
+    branches = {p.name: run_name_branches(p.read_text(), RUNS) for p in sorted(trainer.glob("*.py"))
+                if p.name != "layout.py"}
+    assert not {f: lines for f, lines in branches.items() if lines}, branches
+    loop = ast.parse((trainer / "loop.py").read_text())
+    probes = [n.lineno for n in ast.walk(loop) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+              and n.func.id in ("getattr", "hasattr") and len(n.args) > 1 and isinstance(n.args[1], ast.Constant)
+              and n.args[1].value in dir(Run)]
+    assert not probes, f"loop.py probes a Run attribute at lines {probes}; declare it on run.Run"
+    calls = {n.func.id for n in ast.walk(loop) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+    assert "run_class" in calls, "loop.py builds its run through registry.run_class"
+
+
+def test_the_name_branch_check_finds_them():
+    sample = ('if run == "torch-pp":\n    pass\nelif name.startswith("deepspeed-zero"):\n    pass\n'
+              'x = run in ("pp", "3d")\ny = family.name == "gpt"\nz = fmt.startswith("{:<")\n')
+    assert run_name_branches(sample, ["torch-pp", "pp", "3d", "deepspeed-zero1"]) == [1, 3, 5]

@@ -1,4 +1,5 @@
-"""Tensor and sequence parallelism (parallel/tensor.py, vocab.py, tensor_gpt.py) against the unsplit GPT.
+"""Tensor and sequence parallelism (parallel/tensor_parallel/: tensor.py, vocab.py, tensor_gpt.py) against the
+unsplit GPT.
 
 References, all computed in each rank's own process, sharing no code with the layers under test:
 - one step: the full ringzero.models.GPT (same seed) on the same batch with lm_loss. The sharded model's

@@ -100,6 +100,35 @@ def test_one_layout_rule_for_trainer_and_estimator():
     assert check_run("torch-fsdp2", 2, None, 8, 1, 2).zero_stage == 3  # a torch row takes its match's layout
 
 
+@pytest.mark.parametrize("strategy, world, want", [
+    # (pp, tp, dp, zero_stage, pipeline, tensor_parallel) with the default degrees, written by hand
+    ("ddp", 4, (1, 1, 4, 0, False, False)), ("zero1", 4, (1, 1, 4, 1, False, False)),
+    ("zero2", 4, (1, 1, 4, 2, False, False)), ("zero3", 4, (1, 1, 4, 3, False, False)),
+    ("pp", 4, (4, 1, 1, 0, True, False)), ("pp+zero1", 4, (2, 1, 2, 1, True, False)),
+    ("pp+zero2", 8, (4, 1, 2, 2, True, False)), ("tp", 4, (1, 4, 1, 0, False, True)),
+    ("tp+zero1", 2, (1, 2, 1, 1, False, True)), ("3d", 8, (2, 2, 2, 1, True, True)),
+])
+def test_layout_holds_its_degrees_as_fields(strategy, world, want):
+    """The name is read once, at construction: the degrees and the stage are stored fields (in the
+    instance's __dict__), not properties that parse the name again."""
+    from ringzero.parallel.layout import Layout
+
+    layout = Layout.of(strategy, world)
+    got = (layout.pp, layout.tp, layout.dp, layout.zero_stage, layout.pipeline, layout.tensor_parallel)
+    assert got == want
+    assert {"dp", "zero_stage", "pipeline", "tensor_parallel"} <= set(vars(layout))
+
+
+@pytest.mark.parametrize("bad", ["pp+zero3", "PP", "", None])
+def test_a_bad_strategy_name_says_which_argument_and_the_names(bad):
+    from ringzero.parallel.layout import ALL_STRATEGIES, Layout, LayoutError
+
+    with pytest.raises(LayoutError) as e:
+        Layout.of(bad, 4)
+    assert e.value.key == "strategy" and isinstance(e.value, ValueError)
+    assert str(e.value) == f"strategy={bad!r}: use one of {', '.join(ALL_STRATEGIES)}"
+
+
 def _row(name, tok, step, peak):
     return {"strategy": name, "tokens_per_s": tok, "step_ms": step, "peak_mib_per_rank": peak, "final_train_loss": 1.0,
             "final_val_loss": 1.0, "estimate_mib_per_rank": 1.0, "comm_s": None if name.startswith("torch") else 0.5}

@@ -64,7 +64,7 @@ def clip_cases(rank, world):
     from ringzero.models import GPT, GPTConfig, lm_loss
     from ringzero.parallel import (DistributedDataParallel, Mesh, ZeroDataParallel, tensor_parallel_gpt,
                                    vocab_parallel_cross_entropy)
-    from ringzero.parallel.tensor_state import clip_tensor_parallel_grad_norm_, shard_of, shard_specs
+    from ringzero.parallel.tensor_parallel.tensor_state import clip_tensor_parallel_grad_norm_, shard_of, shard_specs
 
     cfg = GPTConfig(vocab_size=60, seq_len=12, n_layer=2, n_head=4, d_model=32, mlp_ratio=2)
     mesh = Mesh(dp=2, tp=2)

@@ -25,12 +25,12 @@ import datetime
 import os
 import platform
 import sys
-import time
 
 import torch
 import torch.distributed as dist
 
 from .launch import launch
+from .timing import time_calls
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather")
 BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n,
@@ -60,28 +60,6 @@ def _max_over_ranks(value: float) -> float:
     t = torch.tensor([value], dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.item()
-
-
-def time_calls(call, sync, max_over_ranks, budget_s: float, settle=None, most: int = 100_000) -> float:
-    """Seconds per call, the method every ringzero benchmark (and benchmarks/mpi_anchor.py for Open MPI
-    and MPICH) uses: warm up, pick an iteration count that fills budget_s (the same on all ranks: the
-    slowest rank's estimate), then time the loop between two `sync()`s and take the slowest rank's mean.
-    `max_over_ranks(x)` returns the largest x over the ranks. `settle()`, where calls only enqueue work
-    (CUDA), waits for it: after the estimating call and after the loop, inside the timing."""
-    settle = settle or (lambda: None)
-    call()
-    sync()
-    t0 = time.perf_counter()
-    call()
-    settle()
-    one = max_over_ranks(time.perf_counter() - t0)
-    iters = int(min(most, max(3, budget_s / max(one, 1e-7))))
-    sync()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        call()
-    settle()
-    return max_over_ranks((time.perf_counter() - t0) / iters)
 
 
 def _timed(call, budget_s: float, sync) -> float:

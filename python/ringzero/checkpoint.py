@@ -1,5 +1,5 @@
 """Sharded, atomic, reshardable checkpoints for plain modules, DistributedDataParallel and ZeroDataParallel,
-also over a tensor-parallel model (parallel.tensor_gpt).
+also over a tensor-parallel model (parallel.tensor_parallel.tensor_gpt).
 
 Layout of a checkpoint root:
     ROOT/step-00000100/manifest.json    written last; a directory without it is never loaded
@@ -33,16 +33,16 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from . import comm
-from .parallel.ddp import DistributedDataParallel
-from .parallel.flat import FlatLayout
-from .parallel.tensor_state import (fused_sources, join_parts, part_of, shard_of, shard_specs, tensor_parallel_group,
-                                    unshard)
-from .parallel.zero import ZeroDataParallel
+from .parallel.data_parallel.ddp import DistributedDataParallel
+from .parallel.data_parallel.flat import FlatLayout
+from .parallel.data_parallel.zero import ZeroDataParallel
+from .parallel.tensor_parallel.tensor_state import (fused_sources, join_parts, part_of, shard_of, shard_specs,
+                                                    tensor_parallel_group, unshard)
 
 FORMAT = 1
 
 # [Note: tensor-parallel checkpoints]
-# A model holding parallel.tensor layers is saved by every rank of the world, tensor rank t writing
+# A model holding parallel.tensor_parallel layers is saved by every rank of the world, tensor rank t writing
 # tp{t:03d}-rank{r:05d}.pt for its data-parallel rank r. Every tensor rank's flat groups have the same
 # layout (equal shards), so the manifest lists each group once per tensor rank with "tp_rank", the files
 # holding its shards ("files", in data-parallel order) and the key of its tensors in them ("key").

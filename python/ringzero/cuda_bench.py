@@ -23,6 +23,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from .timing import time_calls
+
 OPS = ("all_reduce", "reduce_scatter", "all_gather")
 ALGOS = ("auto", "oneshot", "twoshot", "ring")  # the names of _C.ALL_REDUCE_ALGOS
 CUDA_DTYPES = ("float32", "bfloat16", "float16", "int32", "int64")
@@ -113,9 +115,7 @@ HEADER = (f"{'size':>12} {'count':>11} {'type':>8} {'redop':>5} {'impl':>8} {'ti
 
 
 def _timed(call, sync, max_over_ranks, budget_s: float) -> float:
-    """Seconds per call (bench.time_calls): the calls back to back, one device synchronisation after."""
-    from .bench import time_calls
-
+    """Seconds per call (timing.time_calls): the calls back to back, one device synchronisation after."""
     return time_calls(call, sync, max_over_ranks, budget_s, settle=torch.cuda.synchronize, most=10_000)
 
 

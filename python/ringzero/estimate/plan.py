@@ -114,9 +114,11 @@ class Plan:
     layers_per_stage: tuple | None = None
     """Blocks on each pipeline stage, first to last (None: as even as possible, earlier stages taking
     the extra). ringzero's split(by='params') may place them otherwise; pass its counts to compare."""
+    layout: Layout = dataclasses.field(init=False, repr=False, compare=False)
+    """Derived: strategy, world, pp and tp validated by parallel.layout's rules, shared with `ringzero train`."""
 
     def __post_init__(self):
-        Layout(self.strategy, self.world, self.pp, self.tp)  # the rules shared with `ringzero train`
+        object.__setattr__(self, "layout", Layout(self.strategy, self.world, self.pp, self.tp))
         if not isinstance(self.sequence_parallel, bool):
             raise ValueError(f"sequence_parallel must be True or False, got {self.sequence_parallel!r}")
         if self.sequence_parallel and self.tp == 1:
@@ -135,13 +137,13 @@ class Plan:
     @property
     def dp(self) -> int:
         """Data-parallel replicas per pipeline stage."""
-        return Layout(self.strategy, self.world, self.pp, self.tp).dp
+        return self.layout.dp
 
     @property
     def zero_stage(self) -> int:
         """0 for DDP and plain pipeline, else the ZeRO stage: 1 shards optimizer state, 2 also
         gradients, 3 also parameters, each over the dp ranks of a stage."""
-        return Layout(self.strategy, self.world, self.pp, self.tp).zero_stage
+        return self.layout.zero_stage
 
     def describe(self) -> str:
         pipe = (f", {self.pp} stages x {self.dp} data-parallel, {self.microbatches} micro-batches, "

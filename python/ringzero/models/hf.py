@@ -1,12 +1,12 @@
 """Tiny Hugging Face transformers causal language models built from a random config (no download): the
-models the parallel plans (parallel/parallelize.py) are tested on, and a quick way to try them.
+models the parallel plans (parallel/hf/parallelize.py) are tested on, and a quick way to try them.
 
 transformers is an optional dependency: `pip install ringzero[hf]`.
 """
 from __future__ import annotations
 
 FAMILIES = ("llama", "gpt2", "qwen2")
-"""Model families build_hf_model knows; each has a plan of the same name in parallel/hf_plans.py."""
+"""Model families build_hf_model knows; each has a plan of the same name in parallel/hf/hf_plans.py."""
 
 
 def require_transformers():

@@ -1,15 +1,16 @@
 """Layer 7: parallelism on top of ringzero's collectives (mesh, DDP, ZeRO, tensor, pipeline)."""
 from . import pipeline
-from .ddp import DistributedDataParallel
-from .hf_pipeline import hf_as_sequential, hf_pipeline_loss, tied_embedding_sync
-from .hf_plans import PLANS, HFPlan
+from .data_parallel.ddp import DistributedDataParallel
+from .data_parallel.zero import ZeroDataParallel, zero_memory_formula
+from .hf.hf_pipeline import hf_as_sequential, hf_pipeline_loss, tied_embedding_sync
+from .hf.hf_plans import PLANS, HFPlan
+from .hf.parallelize import parallelize
 from .mesh import Mesh
-from .parallelize import parallelize
-from .tensor import (ColumnParallelLinear, RowParallelLinear, copy_to_tensor_region, gather_from_sequence_shards,
-                     reduce_from_tensor_region, reduce_scatter_to_sequence_shards)
-from .tensor_gpt import TensorParallelGPT, tensor_parallel_gpt
-from .vocab import VocabParallelEmbedding, vocab_parallel_cross_entropy
-from .zero import ZeroDataParallel, zero_memory_formula
+from .tensor_parallel.tensor import (ColumnParallelLinear, RowParallelLinear, copy_to_tensor_region,
+                                     gather_from_sequence_shards, reduce_from_tensor_region,
+                                     reduce_scatter_to_sequence_shards)
+from .tensor_parallel.tensor_gpt import TensorParallelGPT, tensor_parallel_gpt
+from .tensor_parallel.vocab import VocabParallelEmbedding, vocab_parallel_cross_entropy
 
 __all__ = ["Mesh", "DistributedDataParallel", "ZeroDataParallel", "zero_memory_formula", "pipeline",
            "ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding", "vocab_parallel_cross_entropy",

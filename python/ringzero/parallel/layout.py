@@ -10,11 +10,37 @@ from __future__ import annotations
 
 import dataclasses
 
-STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "pp", "pp+zero1", "pp+zero2")
+@dataclasses.dataclass(frozen=True)
+class StrategyForm:
+    """What a strategy name stands for, read once from STRATEGY_FORMS."""
+
+    pipeline: bool
+    """Pipeline stages (pp may exceed 1)."""
+    tensor_parallel: bool
+    """Tensor-parallel shards inside every replica (tp may exceed 1 in `ringzero train`)."""
+    zero_stage: int
+    """0: replicated (DDP); 1 shards optimizer state, 2 also gradients, 3 also parameters, over the replicas."""
+
+
+STRATEGY_FORMS = {
+    "ddp": StrategyForm(pipeline=False, tensor_parallel=False, zero_stage=0),
+    "zero1": StrategyForm(pipeline=False, tensor_parallel=False, zero_stage=1),
+    "zero2": StrategyForm(pipeline=False, tensor_parallel=False, zero_stage=2),
+    "zero3": StrategyForm(pipeline=False, tensor_parallel=False, zero_stage=3),
+    "pp": StrategyForm(pipeline=True, tensor_parallel=False, zero_stage=0),
+    "pp+zero1": StrategyForm(pipeline=True, tensor_parallel=False, zero_stage=1),
+    "pp+zero2": StrategyForm(pipeline=True, tensor_parallel=False, zero_stage=2),
+    "tp": StrategyForm(pipeline=False, tensor_parallel=True, zero_stage=0),
+    "tp+zero1": StrategyForm(pipeline=False, tensor_parallel=True, zero_stage=1),
+    "3d": StrategyForm(pipeline=True, tensor_parallel=True, zero_stage=1),
+}
+"""Every strategy name and its form: the one place a name is read, so nothing parses names elsewhere."""
+
+STRATEGIES = tuple(name for name, form in STRATEGY_FORMS.items() if not form.tensor_parallel)
 """Data parallel: ddp, zero1-3. Pipeline: pp (stages only), pp+zero1/2 (stages x ZeRO over replicas).
 The strategies ringzero.estimate takes; each may have tp > 1 there (Megatron's tensor parallelism
 inside every replica)."""
-TENSOR_PARALLEL_STRATEGIES = ("tp", "tp+zero1", "3d")
+TENSOR_PARALLEL_STRATEGIES = tuple(name for name, form in STRATEGY_FORMS.items() if form.tensor_parallel)
 """tp: tensor parallel over tp ranks x DDP over the dp replicas; tp+zero1: ZeRO-1 over the replicas;
 3d: pp pipeline stages, each tensor parallel over tp ranks, ZeRO-1 over the dp replicas of a stage."""
 ALL_STRATEGIES = STRATEGIES + TENSOR_PARALLEL_STRATEGIES
@@ -31,48 +57,50 @@ class LayoutError(ValueError):
         self.key, self.values = key, values
 
 
-def is_pipeline(strategy: str) -> bool:
-    """True for pp, pp+zero1, pp+zero2 and 3d."""
-    return strategy.startswith("pp") or strategy == "3d"
+def form_of(strategy) -> StrategyForm:
+    """The form of `strategy`; LayoutError ('strategy') naming the valid names for anything else."""
+    if not isinstance(strategy, str) or strategy not in STRATEGY_FORMS:
+        raise LayoutError("strategy", f"strategy={strategy!r}: use one of {', '.join(ALL_STRATEGIES)}",
+                          strategy=strategy)
+    return STRATEGY_FORMS[strategy]
+
+
+def check_strategy(strategy) -> str:
+    """`strategy` if it is one of ALL_STRATEGIES; LayoutError ('strategy') otherwise."""
+    form_of(strategy)
+    return strategy
 
 
 def is_tensor_parallel(strategy: str) -> bool:
-    """True for tp, tp+zero1 and 3d."""
-    return strategy in TENSOR_PARALLEL_STRATEGIES
+    """True for tp, tp+zero1 and 3d (False for a name that is not a strategy)."""
+    form = STRATEGY_FORMS.get(strategy) if isinstance(strategy, str) else None
+    return form is not None and form.tensor_parallel
 
 
 def zero_stage_of(strategy: str) -> int:
     """0 for ddp, pp and tp; else the ZeRO stage named by the strategy (1 shards optimizer state, 2 also
     gradients, 3 also parameters; 3d is ZeRO-1 over its replicas). Raises LayoutError for an unknown
     strategy."""
-    check_strategy(strategy)
-    if strategy == "3d":
-        return 1
-    return {"zero1": 1, "zero2": 2, "zero3": 3}.get(strategy.split("+")[-1], 0)
-
-
-def check_strategy(strategy) -> str:
-    if strategy not in ALL_STRATEGIES:
-        raise LayoutError("strategy", f"strategy={strategy!r}: use one of {', '.join(ALL_STRATEGIES)}",
-                          strategy=strategy)
-    return strategy
+    return form_of(strategy).zero_stage
 
 
 def default_stages(strategy: str, world: int) -> int:
     """Pipeline stages when none are given: every rank for pp, half of them for pp+zero*, 2 for 3d, 1
     otherwise."""
-    if not is_pipeline(strategy):
+    form = form_of(strategy)
+    if not form.pipeline:
         return 1
-    if strategy == "3d":
+    if form.tensor_parallel:  # 3d
         return 2
-    return world if strategy == "pp" else max(1, world // 2)
+    return max(1, world // 2) if form.zero_stage else world
 
 
 def default_tensor_parallel(strategy: str, world: int, pp: int) -> int:
     """Tensor-parallel ranks when none are given: all of them for tp and tp+zero1, 2 for 3d, 1 otherwise."""
-    if not is_tensor_parallel(strategy):
+    form = form_of(strategy)
+    if not form.tensor_parallel:
         return 1
-    return 2 if strategy == "3d" else world // pp
+    return 2 if form.pipeline else world // pp
 
 
 def _check_positive(**values):
@@ -84,7 +112,8 @@ def _check_positive(**values):
 @dataclasses.dataclass(frozen=True)
 class Layout:
     """`strategy` over `world` ranks with `pp` pipeline stages and `tp` tensor-parallel ranks per
-    replica of a stage (see the module docstring)."""
+    replica of a stage (see the module docstring). Validated once, at construction; the fields after
+    `tp` are derived there and never re-read from the name."""
 
     strategy: str
     """One of ALL_STRATEGIES."""
@@ -95,9 +124,17 @@ class Layout:
     tp: int = 1
     """Tensor-parallel ranks (innermost); pp * tp divides world. `ringzero train` runs tp > 1 only as tp,
     tp+zero1 and 3d (Layout.of ignores tp for the others); the estimator models it under every strategy."""
+    dp: int = dataclasses.field(init=False)
+    """Data-parallel replicas per pipeline stage (of tp ranks each): world // (pp * tp)."""
+    zero_stage: int = dataclasses.field(init=False)
+    """The strategy's ZeRO stage over the replicas (0: none; StrategyForm.zero_stage)."""
+    pipeline: bool = dataclasses.field(init=False)
+    """The strategy has pipeline stages (pp, pp+zero1, pp+zero2, 3d)."""
+    tensor_parallel: bool = dataclasses.field(init=False)
+    """The strategy shards every replica over tensor-parallel ranks (tp, tp+zero1, 3d)."""
 
     def __post_init__(self):
-        check_strategy(self.strategy)
+        form = form_of(self.strategy)
         _check_positive(world=self.world, pp=self.pp, tp=self.tp)
         if self.world % self.pp:
             raise LayoutError("pp_divides_world",
@@ -111,18 +148,22 @@ class Layout:
             raise LayoutError("pp_tp_divides_world",
                               f"pp * tp = {self.pp} * {self.tp} = {self.pp * self.tp} does not divide "
                               f"world={self.world}", pp=self.pp, tp=self.tp, world=self.world)
-        if self.pp > 1 and not is_pipeline(self.strategy):
+        if self.pp > 1 and not form.pipeline:
             raise LayoutError("pp_needs_pipeline",
                               f"strategy {self.strategy} has no pipeline but pp={self.pp}; use --strategy pp, "
                               f"pp+zero1, pp+zero2 or 3d, or --pp 1", pp=self.pp)
+        derived = dict(dp=self.world // (self.pp * self.tp), zero_stage=form.zero_stage, pipeline=form.pipeline,
+                       tensor_parallel=form.tensor_parallel)
+        for name, value in derived.items():
+            object.__setattr__(self, name, value)  # frozen: set once, here
 
     @classmethod
     def of(cls, strategy: str, world: int, pp: int | None = None, tp: int | None = None) -> "Layout":
         """The layout with `pp` stages and `tp` tensor-parallel ranks, or their defaults when None
         (default_stages, default_tensor_parallel); each is ignored by strategies without that axis."""
-        check_strategy(strategy)
-        stages = (pp or default_stages(strategy, world)) if is_pipeline(strategy) else 1
-        if is_tensor_parallel(strategy):
+        form = form_of(strategy)
+        stages = (pp or default_stages(strategy, world)) if form.pipeline else 1
+        if form.tensor_parallel:
             _check_positive(pp=stages)
             shards = tp or default_tensor_parallel(strategy, world, stages)
         else:
@@ -132,27 +173,10 @@ class Layout:
     def check_model(self, cfg, sequence_parallel: bool = False):
         """LayoutError ('tp_divides_model') unless tp divides what tensor parallelism splits in the
         models.GPTConfig `cfg`: n_head, d_model * mlp_ratio, vocab_size, and with sequence parallelism
-        seq_len (parallel.tensor_gpt's rules)."""
-        from .tensor_gpt import check_tensor_parallel_config
+        seq_len (parallel.tensor_parallel.tensor_gpt's rules)."""
+        from .tensor_parallel.tensor_gpt import check_tensor_parallel_config
 
         try:
             check_tensor_parallel_config(cfg, self.tp, sequence_parallel)
         except ValueError as e:
             raise LayoutError("tp_divides_model", str(e), tp=self.tp) from None
-
-    @property
-    def dp(self) -> int:
-        """Data-parallel replicas per pipeline stage (of tp ranks each)."""
-        return self.world // (self.pp * self.tp)
-
-    @property
-    def zero_stage(self) -> int:
-        return zero_stage_of(self.strategy)
-
-    @property
-    def pipeline(self) -> bool:
-        return is_pipeline(self.strategy)
-
-    @property
-    def tensor_parallel(self) -> bool:
-        return is_tensor_parallel(self.strategy)

@@ -11,14 +11,20 @@ batches, warm-up, AdamW hyperparameters and clip, written with the other library
 The torch rows use torch.optim.AdamW and torch's gradient-norm clip. They run on env.baseline_group
 (device.baseline_backend): gloo on CPU, NCCL on CUDA when every rank has its own GPU, the "ringzero"
 backend when ranks share one. LIKE_FOR_LIKE says which row each ringzero row's ratio is taken against.
+This module holds the torch data-parallel rows and what the other baselines*.py share; registry.py
+says which class runs which row.
 """
 from __future__ import annotations
+
+import abc
 
 import torch
 import torch.distributed as dist
 
+from ..parallel.layout import Layout
 from .models import model_family
-from .strategies import BETAS, WEIGHT_DECAY, DataParallelRun, RankEnv, compute_module
+from .run import BETAS, WEIGHT_DECAY, RankEnv, RunCheckpoint, compute_module
+from .strategies import DataParallelRun
 
 LIKE_FOR_LIKE = {
     "ddp": ("torch-ddp",), "zero1": ("deepspeed-zero1", "torch-ddp"), "zero2": ("deepspeed-zero2", "torch-fsdp2"),
@@ -32,7 +38,8 @@ sharding is ZeRO-3's; pp and tp against torch's pipelining and DTensor on the sa
 without a stock counterpart (pp+zeroK, 3d) against the data-parallel row of the same sharding."""
 
 
-def _device_mesh(device_type: str, group):
+def device_mesh(device_type: str, group):
+    """A 1-D DeviceMesh over `group` (None: the default group's world) for the torch rows."""
     from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
     if group is None:
@@ -47,50 +54,46 @@ def torch_adamw(params, args) -> torch.optim.AdamW:
     return torch.optim.AdamW(params, lr=args.lr, betas=BETAS, weight_decay=WEIGHT_DECAY)
 
 
-class TorchBaselineRun(DataParallelRun):
-    """A stock-torch data-parallel row (torch-ddp, torch-fsdp2); see the module docstring."""
+class TorchDataParallelRun(DataParallelRun):
+    """A stock-torch data-parallel row: torch's wrapper (wrap(), one subclass per row) over the family's
+    module, every rank its own slice of the batch, torch.optim.AdamW, torch's gradient-norm clip. No
+    checkpoints: these rows exist for --compare."""
 
     @classmethod
-    def create(cls, name: str, model, args, env: RankEnv) -> TorchBaselineRun:
-        """`name` (torch-ddp or torch-fsdp2) over env.baseline_group, every rank its own slice; FSDP2's
-        units are the family's layers."""
+    def create(cls, layout: Layout, model, args, env: RankEnv) -> TorchDataParallelRun:
         family = model_family(args)
-        module = compute_module(family.module(model), env)
-        if name == "torch-ddp":
-            ids = [env.device.index] if env.device.type == "cuda" else None
-            wrapped = torch.nn.parallel.DistributedDataParallel(module, device_ids=ids,
-                                                                process_group=env.baseline_group)
-        elif name == "torch-fsdp2":
-            from torch.distributed.fsdp import fully_shard
-
-            mesh = _device_mesh(env.device.type, env.baseline_group)
-            for layer in [m for m in module.modules() if isinstance(m, family.block)]:
-                fully_shard(layer, mesh=mesh)
-            wrapped = fully_shard(module, mesh=mesh)
-        else:
-            raise ValueError(f"unknown torch data-parallel baseline {name!r}; use torch-ddp or torch-fsdp2")
+        wrapped = cls.wrap(compute_module(family.module(model), env), family, env)
         return cls(wrapped, torch_adamw(wrapped.parameters(), args), args, dist.get_world_size(), dist.get_rank())
+
+    @classmethod
+    @abc.abstractmethod
+    def wrap(cls, module: torch.nn.Module, family, env: RankEnv) -> torch.nn.Module:
+        """`module` (this rank's whole model) in torch's data-parallel wrapper over env.baseline_group."""
 
     def clip(self, max_norm: float):
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
 
-    def checkpoint_objects(self):
-        return None, None
+    def checkpoint(self) -> RunCheckpoint | None:
+        return None
 
 
-def make_baseline_run(name: str, model, args, env: RankEnv):
-    """The run object of the stock row `name` (layout.BASELINES) on this rank; every rank calls it.
-    No checkpoints: these rows exist for --compare."""
-    if name == "torch-pp":
-        from .baselines_pipeline import TorchPipelineRun
+class TorchDDPRun(TorchDataParallelRun):
+    """torch-ddp: torch.nn.parallel.DistributedDataParallel."""
 
-        return TorchPipelineRun.create(model, args, env)
-    if name == "torch-tp":
-        from .baselines_tensor import TorchTensorParallelRun
+    @classmethod
+    def wrap(cls, module, family, env: RankEnv):
+        ids = [env.device.index] if env.device.type == "cuda" else None
+        return torch.nn.parallel.DistributedDataParallel(module, device_ids=ids, process_group=env.baseline_group)
 
-        return TorchTensorParallelRun.create(model, args, env)
-    if name.startswith("deepspeed-zero"):
-        from .baselines_deepspeed import DeepSpeedRun
 
-        return DeepSpeedRun.create(int(name[len("deepspeed-zero"):]), model, args, env)
-    return TorchBaselineRun.create(name, model, args, env)
+class TorchFSDP2Run(TorchDataParallelRun):
+    """torch-fsdp2: fully_shard on each of the family's layers, then on the root."""
+
+    @classmethod
+    def wrap(cls, module, family, env: RankEnv):
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = device_mesh(env.device.type, env.baseline_group)
+        for layer in [m for m in module.modules() if isinstance(m, family.block)]:
+            fully_shard(layer, mesh=mesh)
+        return fully_shard(module, mesh=mesh)

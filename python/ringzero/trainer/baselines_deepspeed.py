@@ -13,9 +13,11 @@ import os
 
 import torch.distributed as dist
 
+from ..parallel.layout import Layout
 from .baselines import torch_adamw
 from .models import model_family
-from .strategies import DataParallelRun, RankEnv, _slice, compute_module, set_lr
+from .run import RankEnv, RunCheckpoint, compute_module, replica_slice, set_lr
+from .strategies import DataParallelRun
 
 BUCKET_ELEMENTS = 25 * 2**20 // 4
 """DeepSpeed's bucket sizes, in float32 elements: ringzero's and torch DDP's 25 MiB bucket cap. DeepSpeed's
@@ -40,7 +42,9 @@ class DeepSpeedRun(DataParallelRun):
     the warm-up); backward and step go through the engine, which clips and zeroes the gradients."""
 
     @classmethod
-    def create(cls, stage: int, model, args, env: RankEnv) -> DeepSpeedRun:
+    def create(cls, layout: Layout, model, args, env: RankEnv) -> DeepSpeedRun:
+        """ZeRO stage layout.zero_stage (deepspeed-zeroK takes zeroK's layout) over all ranks."""
+        stage = layout.zero_stage
         deepspeed = import_deepspeed(env.device.type)
         world = dist.get_world_size()
         module = compute_module(model_family(args).module(model), env)
@@ -58,7 +62,7 @@ class DeepSpeedRun(DataParallelRun):
         return cls(engine, opt, args, world, dist.get_rank())
 
     def train_step(self, x, y, step: int) -> float:
-        xs, ys = _slice(x, self.replicas, self.replica), _slice(y, self.replicas, self.replica)
+        xs, ys = replica_slice(x, self.replicas, self.replica), replica_slice(y, self.replicas, self.replica)
         set_lr(self.opt, self.args.lr, step)
         loss = self.loss(xs, ys)
         self.model.backward(loss)
@@ -67,5 +71,5 @@ class DeepSpeedRun(DataParallelRun):
         dist.all_reduce(out)
         return out.item() / self.replicas
 
-    def checkpoint_objects(self):
-        return None, None
+    def checkpoint(self) -> RunCheckpoint | None:
+        return None

@@ -22,23 +22,13 @@ from ..parallel.layout import Layout
 from ..parallel.pipeline import split
 from .baselines import torch_adamw
 from .models import model_family
-from .strategies import RankEnv, compute_module, set_lr
+from .run import RankEnv, Run, compute_module, set_lr
 
 TORCH_SCHEDULES = {"GPipe": "ScheduleGPipe", "1F1B": "Schedule1F1B"}
 """ringzero's --schedule -> the torch.distributed.pipelining schedule class of the same order."""
 
 
-def check_torch_pp(layout: Layout, schedule: str):
-    """ValueError for a torch-pp run that cannot work (layout.check_run calls it before any rank starts):
-    replicas beside the stages, or a schedule torch.distributed.pipelining has no one-stage-per-rank form of."""
-    if layout.dp != 1:
-        raise ValueError(f"torch-pp: --pp {layout.pp} with --nproc {layout.world} leaves replicas; use --pp {layout.world}")
-    if schedule not in TORCH_SCHEDULES:
-        raise ValueError(f"torch-pp: --schedule {schedule} has no one-stage-per-rank schedule in "
-                         f"torch.distributed.pipelining; use {' or '.join(TORCH_SCHEDULES)}")
-
-
-class TorchPipelineRun:
+class TorchPipelineRun(Run):
     """One stage per rank of a torch.distributed.pipelining schedule; see the module docstring."""
 
     def __init__(self, module, schedule, opt, args, index: int, stages: int, layers_per_stage, shared, grad_sync,
@@ -49,13 +39,22 @@ class TorchPipelineRun:
         self.is_first, self.is_last = index == 0, index == stages - 1
 
     @classmethod
-    def create(cls, model, args, env: RankEnv) -> TorchPipelineRun:
+    def check(cls, layout: Layout, schedule: str, family=None):
+        """Refused: replicas beside the stages, or a schedule torch.distributed.pipelining has no
+        one-stage-per-rank form of."""
+        if layout.dp != 1:
+            raise ValueError(f"torch-pp: --pp {layout.pp} with --nproc {layout.world} leaves replicas; "
+                             f"use --pp {layout.world}")
+        if schedule not in TORCH_SCHEDULES:
+            raise ValueError(f"torch-pp: --schedule {schedule} has no one-stage-per-rank schedule in "
+                             f"torch.distributed.pipelining; use {' or '.join(TORCH_SCHEDULES)}")
+
+    @classmethod
+    def create(cls, layout: Layout, model, args, env: RankEnv) -> TorchPipelineRun:
         """This rank's stage of `model` (whole on every rank; the other stages' weights are freed)."""
         from torch.distributed import pipelining
 
-        world = dist.get_world_size()
-        layout = Layout.of("pp", world, args.pp)
-        check_torch_pp(layout, args.schedule)
+        cls.check(layout, args.schedule)
         family = model_family(args)
         parts = split(family.sequential(family.module(model)), layout.pp, by="params")
         index = dist.get_rank(env.baseline_group)
@@ -113,6 +112,3 @@ class TorchPipelineRun:
     @torch.no_grad()
     def val_loss(self, batches) -> float:
         return self._global(sum(self._run(x, y, train=False) for x, y in batches) / len(batches))
-
-    def checkpoint_objects(self):
-        return None, None

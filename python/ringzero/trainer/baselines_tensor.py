@@ -21,15 +21,15 @@ ignored. GPT-2's fused Conv1D projections and a tied head have no torch style: r
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
 from ..models import Block
 from ..parallel.layout import Layout
-from .baselines import _device_mesh, torch_adamw
+from .baselines import device_mesh, torch_adamw
 from .models import model_family
-from .strategies import DataParallelRun, RankEnv, compute_module, set_lr
+from .run import RankEnv, RunCheckpoint, compute_module, set_lr
+from .strategies import DataParallelRun
 
 
 class _Attention(nn.Module):
@@ -167,17 +167,6 @@ def _replicate_rest(model: nn.Module, mesh):
             distribute_module(module, mesh, replicate, input_fn=to_dtensor, output_fn=to_local)
 
 
-def check_torch_tp(layout: Layout, family):
-    """ValueError for a torch-tp run that cannot work (layout.check_run calls it before any rank starts):
-    replicas beside the tensor group, or a model without a torch parallel style (GPT-2's fused Conv1D
-    projections, a head tied to the embedding)."""
-    if layout.dp != 1:
-        raise ValueError(f"torch-tp splits over all ranks: --tp {layout.tp} with --nproc {layout.world} leaves replicas")
-    if family.name != "gpt" and (family.name not in ("hf:llama", "hf:qwen2") or family.tied):
-        raise ValueError(f"torch-tp on --model {family.name}: fused Conv1D projections (gpt2) and a head tied to "
-                         "the embedding have no torch parallel style; use hf:llama or hf:qwen2, untied")
-
-
 class TorchTensorParallelRun(DataParallelRun):
     """The torch-tp row: see the module docstring. Every rank takes the whole batch (one replica)."""
 
@@ -186,15 +175,25 @@ class TorchTensorParallelRun(DataParallelRun):
         self.mesh = mesh
 
     @classmethod
-    def create(cls, model, args, env: RankEnv) -> TorchTensorParallelRun:
+    def check(cls, layout: Layout, schedule: str, family=None):
+        """Refused: replicas beside the tensor group, or (when `family` is known) a model without a torch
+        parallel style (GPT-2's fused Conv1D projections, a head tied to the embedding)."""
+        if layout.dp != 1:
+            raise ValueError(f"torch-tp splits over all ranks: --tp {layout.tp} with --nproc {layout.world} "
+                             "leaves replicas")
+        if family is not None and family.name != "gpt" and (family.name not in ("hf:llama", "hf:qwen2")
+                                                            or family.tied):
+            raise ValueError(f"torch-tp on --model {family.name}: fused Conv1D projections (gpt2) and a head tied "
+                             "to the embedding have no torch parallel style; use hf:llama or hf:qwen2, untied")
+
+    @classmethod
+    def create(cls, layout: Layout, model, args, env: RankEnv) -> TorchTensorParallelRun:
         """Splits `model` (the --model family's, whole on every rank) in place over all ranks."""
         from torch.distributed.tensor.parallel import parallelize_module
 
-        world = dist.get_world_size()
-        layout = Layout.of("tp", world, tp=args.tp)
         family = model_family(args)
-        check_torch_tp(layout, family)
-        mesh = _device_mesh(env.device.type, env.baseline_group)
+        cls.check(layout, args.schedule, family)
+        mesh = device_mesh(env.device.type, env.baseline_group)
         sp = bool(args.sequence_parallel)
         if family.name == "gpt":
             plan = _gpt_plan(model, mesh, sp)
@@ -239,5 +238,5 @@ class TorchTensorParallelRun(DataParallelRun):
             losses = [self._loss(x, y).full_tensor().item() for x, y in batches]
         return sum(losses) / len(losses)
 
-    def checkpoint_objects(self):
-        return None, None
+    def checkpoint(self) -> RunCheckpoint | None:
+        return None

@@ -7,6 +7,7 @@ from __future__ import annotations
 from ..models.gpt import RECOMPUTE_KINDS
 from ..parallel.layout import ALL_STRATEGIES, Layout, LayoutError
 from ..parallel.pipeline.schedules import SCHEDULES, make_plan
+from .registry import run_class
 
 BASELINES = ("torch-ddp", "torch-fsdp2", "torch-pp", "torch-tp", "deepspeed-zero1", "deepspeed-zero2",
              "deepspeed-zero3")
@@ -63,21 +64,15 @@ def check_run(run: str, nproc: int, pp: int | None, batch: int, microbatches: in
     """Raises ValueError, before any rank starts, for a run that cannot work; returns its Layout.
     precision: the resolved one (device.precision_of), 'fp32' or 'bf16'. model: the run's model family
     (models.model_family), whose check() refuses what it cannot split (the tensor-parallel size against
-    heads, MLP width, vocabulary, and the sequence with sequence_parallel). recompute: --recompute."""
+    heads, MLP width, vocabulary, and the sequence with sequence_parallel). recompute: --recompute.
+    The run's class (registry.run_class) adds its own refusals (Run.check: torch-pp's, torch-tp's)."""
     if run not in RUNS:
         raise ValueError(f"unknown strategy {run!r}; choose from {', '.join(RUNS)}")
     check_recompute(recompute)
     layout = layout_of(run, nproc, pp, tp)
     if model is not None:
         model.check(layout, sequence_parallel)
-    if run == "torch-pp":
-        from .baselines_pipeline import check_torch_pp  # the stock rows' own rules, where their code lives
-
-        check_torch_pp(layout, schedule)
-    if run == "torch-tp" and model is not None:
-        from .baselines_tensor import check_torch_tp
-
-        check_torch_tp(layout, model)
+    run_class(run).check(layout, schedule, model)  # the run class's own rules, where its code lives
     stages, dp = layout.pp, layout.dp
     if run == "pp" and dp != 1:
         raise ValueError(f"pp: --pp {stages} with --nproc {nproc} leaves {dp} data-parallel replicas; use pp+zero1 or "

@@ -10,14 +10,16 @@ import ringzero
 
 from ..data import batch as make_batch
 from ..data import corpus_info, stdlib_corpus
+from ..parallel.layout import Layout
 from ..parallel.pipeline.transport import choose_transport
 from . import device as devices
 from .estimate_check import estimate_for_run
 from .faults import maybe_fault
 from .layout import BASELINES, layout_of
-from .models import model_family
 from .metering import METERED_STEPS, PeakMemory
-from .strategies import DataParallelRun, PipelineRun, RankEnv, TensorParallelRun
+from .models import model_family
+from .registry import run_class
+from .run import RankEnv, Run, RunCheckpoint
 
 
 def rank_env(args, run: str) -> RankEnv:
@@ -34,17 +36,10 @@ def rank_env(args, run: str) -> RankEnv:
                    transport=choose_transport(device.type, m["shared"], m["nccl"]), baseline_group=group)
 
 
-def make_run(run: str, model, args, env: RankEnv):
-    """The run object of `run` (a strategy or a torch baseline) on this rank, training `model` (as the
-    family of --model built it, trainer/models.py); every rank calls it."""
-    if run in BASELINES:
-        from .baselines import make_baseline_run
-
-        return make_baseline_run(run, model, args, env)
-    layout = layout_of(run, dist.get_world_size(), args.pp, args.tp)
-    if layout.pipeline:
-        return PipelineRun(run, model, args, env)
-    return (TensorParallelRun if layout.tensor_parallel else DataParallelRun).create(run, model, args, env)
+def make_run(run: str, layout: Layout, model, args, env: RankEnv) -> Run:
+    """The Run of `run` (a strategy or a torch baseline, its class from registry.py) with `layout` on this
+    rank, training `model` (as the family of --model built it, trainer/models.py); every rank calls it."""
+    return run_class(run).create(layout, model, args, env)
 
 
 def train_rank(args, run: str) -> dict:
@@ -60,42 +55,43 @@ def train_rank(args, run: str) -> dict:
     table = table.view(world, 2) / 2**20
     summary.update(peak_mib_per_rank=float(table[:, 0].max()), peak_mib_by_rank=table[:, 0].tolist(),
                    rss_mib_per_rank=float(table[:, 1].max()))
-    summary.update(estimate_for_run(args, run, world, getattr(strategy_run, "layers_per_stage", None)))
+    summary.update(estimate_for_run(args, run, world, strategy_run.layers_per_stage))
     return summary
 
 
-def _resume(args, run, strategy_run) -> int:
+def _checkpoint_of(strategy_run: Run, run: str, flag: str) -> RunCheckpoint:
+    """What `flag` (--resume or --save-every) saves or loads for this run; ValueError for a run without."""
+    state = strategy_run.checkpoint()
+    if state is None:
+        raise ValueError(f"{flag} is not supported for {run}: checkpoints cover DDP, ZeRO, tp and tp+zero1 runs")
+    return state
+
+
+def _resume(args, run: str, layout: Layout, strategy_run: Run) -> int:
     from .. import checkpoint
 
-    obj, opt = strategy_run.checkpoint_objects()
-    if obj is None:
-        raise ValueError(f"--resume is not supported for {run}: checkpoints cover DDP, ZeRO, tp and tp+zero1 runs")
+    state = _checkpoint_of(strategy_run, run, "--resume")
     try:
         path = checkpoint.latest(args.checkpoint_dir)
     except FileNotFoundError:
         return 0  # nothing saved yet: a restart before the first checkpoint starts over
     family = model_family(args)
     try:
-        loaded = checkpoint.load(path, obj, opt)
+        loaded = checkpoint.load(path, state.model, state.optimizer)
     except KeyError as e:  # a parameter the checkpoint lacks: saved by a run of another form
         note = family.checkpoint_note
         raise ValueError(f"--resume: {e.args[0]}" + (f"; {note}" if note else "")) from None
     # Checked after the load, which is where the saved record is read; the run stops here if refused.
-    family.check_resume(loaded["extra"], _tp(args, run))
+    family.check_resume(loaded["extra"], layout.tp)
     return loaded["step"]
 
 
-def _save(args, run, strategy_run, step: int):
+def _save(args, run: str, layout: Layout, strategy_run: Run, step: int):
     from .. import checkpoint
 
-    obj, opt = strategy_run.checkpoint_objects()
-    if obj is None:
-        raise ValueError(f"--save-every is not supported for {run}: checkpoints cover DDP, ZeRO, tp and tp+zero1 runs")
-    checkpoint.save(args.checkpoint_dir, obj, opt, step=step, extra=model_family(args).checkpoint_extra(_tp(args, run)))
-
-
-def _tp(args, run: str) -> int:
-    return layout_of(run, dist.get_world_size(), args.pp, args.tp).tp
+    state = _checkpoint_of(strategy_run, run, "--save-every")
+    checkpoint.save(args.checkpoint_dir, state.model, state.optimizer, step=step,
+                    extra=model_family(args).checkpoint_extra(layout.tp))
 
 
 def _train(args, run: str, env: RankEnv, stop_meter=lambda: None):
@@ -108,10 +104,11 @@ def _train(args, run: str, env: RankEnv, stop_meter=lambda: None):
     n_params = sum(p.numel() for p in model.parameters())
     model = model.to(env.device)
     train_data, val_data = stdlib_corpus()
-    strategy_run = make_run(run, model, args, env)
+    layout = layout_of(run, world, args.pp, args.tp)
+    strategy_run = make_run(run, layout, model, args, env)
     val_batches = [tuple(t.to(env.device) for t in make_batch(val_data, args.batch, args.seq, args.seed + 1, i))
                    for i in range(args.val_batches)]
-    start = _resume(args, run, strategy_run) if args.resume else 0
+    start = _resume(args, run, layout, strategy_run) if args.resume else 0
 
     bar = None
     if rank == 0 and not args.no_progress:
@@ -136,7 +133,7 @@ def _train(args, run: str, env: RankEnv, stop_meter=lambda: None):
         if (args.val_every and (step + 1) % args.val_every == 0) or step + 1 == args.steps:
             vals.append((step, strategy_run.val_loss(val_batches)))
         if args.save_every and (step + 1) % args.save_every == 0:
-            _save(args, run, strategy_run, step + 1)
+            _save(args, run, layout, strategy_run, step + 1)
         if bar is not None:
             bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{args.batch * args.seq / step_times[-1]:.0f}", refresh=False)
             bar.update(1)
@@ -152,8 +149,8 @@ def _train(args, run: str, env: RankEnv, stop_meter=lambda: None):
         "strategy": run, "ranks": world, "steps": args.steps, "start_step": start,
         "params": n_params, "model": family.name, "device": str(env.device.type), "precision": env.precision,
         "recompute": getattr(args, "recompute", "none"),
-        "pipeline_transport": env.transport if layout_of(run, world, args.pp, args.tp).pipeline else None,
-        "tp": layout_of(run, world, args.pp, args.tp).tp,
+        "pipeline_transport": env.transport if layout.pipeline else None,
+        "tp": layout.tp,
         "corpus": corpus_info(),
         "train_losses": losses, "val_losses": vals,
         "final_train_loss": losses[-1][1] if losses else float("nan"),

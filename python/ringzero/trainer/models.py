@@ -110,7 +110,7 @@ class GPTFamily(ModelFamily):
         return module.as_sequential()
 
     def is_layer(self, module: nn.Module) -> bool:
-        from ..parallel.tensor_gpt import TensorParallelBlock
+        from ..parallel.tensor_parallel.tensor_gpt import TensorParallelBlock
 
         return isinstance(module, (Block, TensorParallelBlock))
 
@@ -128,11 +128,11 @@ class HFFamily(ModelFamily):
     parallel.parallelize with the family's plan; --recompute full recomputes each decoder layer
     (HFDecoderLayer); 'selective' (GPT's attention core) has no counterpart here and is refused."""
 
-    block = None  # set in __init__: parallel.hf_pipeline.HFDecoderLayer (needs transformers' import to have worked)
+    block = None  # set in __init__: parallel.hf.hf_pipeline.HFDecoderLayer (needs transformers' import to have worked)
 
     def __init__(self, args):
         from ..models.hf import hf_config  # ImportError naming `pip install ringzero[hf]` without transformers
-        from ..parallel.hf_pipeline import HFDecoderLayer
+        from ..parallel.hf.hf_pipeline import HFDecoderLayer
 
         self.name, self.seed = args.model, getattr(args, "seed", 0)
         self.family = args.model[len(HF_PREFIX):]
@@ -151,7 +151,7 @@ class HFFamily(ModelFamily):
         """Refused: --recompute selective; a tp that the plan cannot split the model by (heads, key/value
         heads, vocabulary, MLP width; the sequence with --sequence-parallel); a tied embedding split over
         pipeline stages under ZeRO (see the message)."""
-        from ..parallel.hf_plans import PLANS, check_config
+        from ..parallel.hf.hf_plans import PLANS, check_config
 
         if self.recompute == "selective":
             raise ValueError(f"--model {self.name}: --recompute selective recomputes the byte GPT's attention core, "
@@ -174,15 +174,15 @@ class HFFamily(ModelFamily):
         return build_hf_model(self.family, **self.kwargs, seed=self.seed)
 
     def module(self, model: nn.Module) -> nn.Module:
-        from ..parallel.hf_pipeline import hf_as_sequential
+        from ..parallel.hf.hf_pipeline import hf_as_sequential
 
         return hf_as_sequential(model, self.family, recompute=self.recompute == "full")
 
     def tensor_parallel(self, model: nn.Module, mesh, sequence_parallel: bool) -> nn.Module:
         """parallelize(model, mesh) in place (the full weights are replaced by this rank's shards), as the
         nn.Sequential of module()."""
-        from ..parallel.hf_pipeline import hf_as_sequential
-        from ..parallel.parallelize import parallelize
+        from ..parallel.hf.hf_pipeline import hf_as_sequential
+        from ..parallel.hf.parallelize import parallelize
 
         parallelize(model, mesh, plan=self.family, sequence_parallel=sequence_parallel)
         return hf_as_sequential(model, recompute=self.recompute == "full")
@@ -197,7 +197,7 @@ class HFFamily(ModelFamily):
         """parallel.tied_embedding_sync when the head is tied to the embedding (None otherwise)."""
         if not self.tied:
             return None
-        from ..parallel.hf_pipeline import tied_embedding_sync
+        from ..parallel.hf.hf_pipeline import tied_embedding_sync
 
         return tied_embedding_sync(model, stages, plan=self.family)
 

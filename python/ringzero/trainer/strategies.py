@@ -1,13 +1,11 @@
-"""One rank's part of each ringzero strategy: the data-parallel ones (ddp, zero1-3), the tensor-parallel
-ones (tp, tp+zero1) and the pipeline ones (pp, pp+zero1, pp+zero2, and 3d: pipeline stages cut from a
-tensor-parallel model). Every run takes the global batch of a step on its device and returns the
-global loss; the optimizer (FusedAdamW, warm-up) and the global-norm clip are the same for all.
-Each run class gets what it needs as constructor arguments; its create() classmethod builds those
-from a strategy name (wrapping, sharding, the optimizer), so nothing is probed or set before __init__.
+"""One rank's part of each ringzero strategy, as run.Run classes: the data-parallel ones (ddp, zero1-3), the
+tensor-parallel ones (tp, tp+zero1) and the pipeline ones (pp, pp+zero1, pp+zero2, and 3d: pipeline stages
+cut from a tensor-parallel model). Every run takes the global batch of a step on its device and returns
+the global loss; the optimizer (FusedAdamW, warm-up) and the global-norm clip are the same for all.
+Each run class's create() builds what it needs from the run's Layout (wrapping, sharding, the optimizer);
+registry.py says which class runs which strategy.
 """
 from __future__ import annotations
-
-import dataclasses
 
 import torch
 import torch.distributed as dist
@@ -17,42 +15,12 @@ import ringzero
 from ..models import lm_loss
 from ..optim import FusedAdamW
 from ..parallel import DistributedDataParallel, Mesh, ZeroDataParallel, vocab_parallel_cross_entropy
-from ..parallel.clip import clip_grad_norm_
+from ..parallel.data_parallel.clip import clip_grad_norm_
 from ..parallel.layout import Layout
 from ..parallel.pipeline import PipelineRunner, PipelineStage, split
-from ..parallel.tensor_state import clip_tensor_parallel_grad_norm_
-from .device import Autocast
+from ..parallel.tensor_parallel.tensor_state import clip_tensor_parallel_grad_norm_
 from .models import free_parameters, model_family
-
-WARMUP_STEPS = 10
-BETAS = (0.9, 0.95)
-WEIGHT_DECAY = 0.1
-
-
-@dataclasses.dataclass
-class RankEnv:
-    """How this rank computes: decided once per rank (device.py), read by every run."""
-
-    device: torch.device
-    """This rank's device (cpu, or its GPU)."""
-    precision: str
-    """'fp32', or 'bf16': autocast compute with float32 weights, masters, gradients and reductions."""
-    transport: str
-    """Pipeline point-to-point: 'gloo', 'nccl' or 'ipc' (parallel.pipeline.transport)."""
-    baseline_group: object = None
-    """The group the stock-torch rows run on (None: the default group)."""
-
-
-def set_lr(opt, lr: float, step: int):
-    """Linear warm-up over WARMUP_STEPS steps, then constant."""
-    scale = min(1.0, (step + 1) / WARMUP_STEPS)
-    for g in opt.param_groups:
-        g["lr"] = lr * scale
-
-
-def compute_module(module: torch.nn.Module, env: RankEnv) -> torch.nn.Module:
-    """`module` as it computes on this rank: under bf16 autocast when env says so."""
-    return Autocast(module, env.device, env.precision) if env.precision == "bf16" else module
+from .run import BETAS, WEIGHT_DECAY, RankEnv, Run, RunCheckpoint, compute_module, replica_slice, set_lr
 
 
 def fused_adamw(params, args) -> FusedAdamW:
@@ -60,16 +28,11 @@ def fused_adamw(params, args) -> FusedAdamW:
     return FusedAdamW(params, lr=args.lr, betas=BETAS, weight_decay=WEIGHT_DECAY)
 
 
-def _slice(t: torch.Tensor, parts: int, index: int) -> torch.Tensor:
-    per = t.shape[0] // parts
-    return t[index * per:(index + 1) * per]
-
-
-class DataParallelRun:
+class DataParallelRun(Run):
     """Trains `model` (a data-parallel wrapper over this rank's module) with `opt`: the global batch is
     cut into `replicas` equal slices and this rank takes slice `replica` (ranks of a replica share it).
     create() builds ddp and zero1-3 over all ranks; subclasses change the loss, the clip and how
-    create() wraps the model (TensorParallelRun, baselines.TorchBaselineRun)."""
+    create() wraps the model (TensorParallelRun, and the stock rows of baselines*.py)."""
 
     def __init__(self, model: torch.nn.Module, opt: torch.optim.Optimizer, args, replicas: int, replica: int):
         if not 0 <= replica < replicas:
@@ -78,12 +41,12 @@ class DataParallelRun:
         self.replicas, self.replica = replicas, replica
 
     @classmethod
-    def create(cls, strategy: str, model, args, env: RankEnv) -> DataParallelRun:
-        """ddp or zero1-3 over the world of `model` (built by the family of --model; zero3 with one unit per
-        layer of that family); every rank calls it."""
+    def create(cls, layout: Layout, model, args, env: RankEnv) -> DataParallelRun:
+        """ddp or zero1-3 (layout.zero_stage) over the world of `model` (built by the family of --model;
+        zero3 with one unit per layer of that family); every rank calls it."""
         family = model_family(args)
         module = compute_module(family.module(model), env)
-        stage = Layout(strategy, dist.get_world_size()).zero_stage
+        stage = layout.zero_stage
         if stage == 0:
             wrapped = DistributedDataParallel(module)
         else:
@@ -98,7 +61,7 @@ class DataParallelRun:
         self.model.clip_grad_norm_(max_norm)
 
     def train_step(self, x, y, step: int) -> float:
-        xs, ys = _slice(x, self.replicas, self.replica), _slice(y, self.replicas, self.replica)
+        xs, ys = replica_slice(x, self.replicas, self.replica), replica_slice(y, self.replicas, self.replica)
         set_lr(self.opt, self.args.lr, step)
         loss = self.loss(xs, ys)
         loss.backward()
@@ -114,20 +77,20 @@ class DataParallelRun:
     def val_loss(self, batches) -> float:
         """Each rank evaluates its slice of every batch (the training micro-batch, so validation never
         needs more memory than a step); the mean over equal slices is the batch mean."""
-        losses = [self.loss(_slice(x, self.replicas, self.replica), _slice(y, self.replicas, self.replica)).item()
-                  for x, y in batches]
+        losses = [self.loss(replica_slice(x, self.replicas, self.replica),
+                            replica_slice(y, self.replicas, self.replica)).item() for x, y in batches]
         out = torch.tensor([sum(losses) / len(losses)], dtype=torch.float64)
         ringzero.all_reduce(out, op=ringzero.ReduceOp.AVG)
         return out.item()
 
-    def checkpoint_objects(self):
-        return self.model, self.opt
+    def checkpoint(self) -> RunCheckpoint | None:
+        return RunCheckpoint(self.model, self.opt)
 
 
 class TensorParallelRun(DataParallelRun):
     """tp: the model sharded over the --tp ranks of each replica (its family's tensor_parallel: the GPT's
-    parallel.tensor_gpt, or parallelize for an hf model), DDP over the replicas; tp+zero1: ZeRO-1 over the
-    replicas instead. The tensor ranks of a replica take the same slice of the batch; the loss is the
+    parallel.tensor_parallel.tensor_gpt, or parallelize for an hf model), DDP over the replicas; tp+zero1:
+    ZeRO-1 over the replicas instead. The tensor ranks of a replica take the same slice of the batch; the loss is the
     vocabulary-parallel cross-entropy (no full logits).
 
     mesh: the (dp x tp) mesh; tp_model: the tensor-parallel module inside `model`; layout: the run's Layout."""
@@ -137,10 +100,9 @@ class TensorParallelRun(DataParallelRun):
         self.mesh, self.tp_model, self.layout = mesh, tp_model, layout
 
     @classmethod
-    def create(cls, strategy: str, model, args, env: RankEnv) -> TensorParallelRun:
+    def create(cls, layout: Layout, model, args, env: RankEnv) -> TensorParallelRun:
         """Shards `model` over the tensor group (freeing this rank's full copy), then wraps it in DDP or
         ZeRO-1 over the replicas; every rank calls it."""
-        layout = Layout.of(strategy, dist.get_world_size(), tp=args.tp)
         mesh = Mesh(tp=layout.tp)
         tp_model = model_family(args).tensor_parallel(model, mesh, args.sequence_parallel)  # frees the full copy
         module, dp = compute_module(tp_model, env), mesh.group("dp")
@@ -160,7 +122,7 @@ class TensorParallelRun(DataParallelRun):
             clip_tensor_parallel_grad_norm_(self.tp_model, max_norm, self.layout.tp, group=self.mesh.group("tp"))
 
 
-class PipelineRun:
+class PipelineRun(Run):
     """Pipeline stages over a (pp x dp x tp) mesh; with pp+zeroK each stage is also ZeRO-K over its
     data-parallel replicas. 3d cuts the stages from the tensor-parallel model (each stage's tp ranks
     hold its shards, stage s's tensor rank t talks to stage s + 1's tensor rank t) and is ZeRO-1 over
@@ -169,8 +131,12 @@ class PipelineRun:
     grad_sync. Training and validation both run through the PipelineRunner (validation with the
     schedule's forward-only plan)."""
 
-    def __init__(self, strategy: str, model, args, env: RankEnv):
-        layout = Layout.of(strategy, dist.get_world_size(), args.pp, args.tp)
+    @classmethod
+    def create(cls, layout: Layout, model, args, env: RankEnv) -> PipelineRun:
+        """This rank's stage of `model` (the other stages' weights are freed); every rank calls it."""
+        return cls(layout, model, args, env)
+
+    def __init__(self, layout: Layout, model, args, env: RankEnv):
         self.layout, self.mesh = layout, Mesh(pp=layout.pp, tp=layout.tp)
         family = model_family(args)
         loss_fn = lm_loss
@@ -210,7 +176,8 @@ class PipelineRun:
 
     def _replica(self, x, y):
         dp, dpi = self.mesh.size("dp"), self.mesh.index("dp")
-        return (_slice(x, dp, dpi) if self.is_first else None), (_slice(y, dp, dpi) if self.is_last else None)
+        return ((replica_slice(x, dp, dpi) if self.is_first else None),
+                (replica_slice(y, dp, dpi) if self.is_last else None))
 
     def _global(self, per_replica_loss: float) -> float:
         """Sum over every rank (only last stages contribute, each of their tp ranks the same value),
@@ -241,6 +208,3 @@ class PipelineRun:
         """Each replica evaluates its slice of every batch in training-sized micro-batches, forward only."""
         losses = [self.runner.evaluate(*self._replica(x, y)) for x, y in batches]
         return self._global(sum(float(v) for v in losses) / len(losses) if self.is_last else 0.0)
-
-    def checkpoint_objects(self):
-        return None, None

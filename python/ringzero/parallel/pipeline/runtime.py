@@ -89,8 +89,8 @@ class PipelineRunner:
         self.loss_fn, self.optimizer, self.grad_sync = loss_fn, optimizer, grad_sync
         self.timeout = datetime.timedelta(seconds=timeout_s or from_env().timeout_or(DEFAULT_TIMEOUT_S))
         if plan.split_backward:
-            from ..ddp import DistributedDataParallel
-            from ..zero import ZeroDataParallel
+            from ..data_parallel.ddp import DistributedDataParallel
+            from ..data_parallel.zero import ZeroDataParallel
 
             if any(isinstance(s.module, (DistributedDataParallel, ZeroDataParallel)) for s in stages):
                 # W writes Linear weight gradients outside autograd, so the wrappers' reduction hooks

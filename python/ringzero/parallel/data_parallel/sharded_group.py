@@ -20,8 +20,8 @@ import enum
 import torch
 import torch.nn as nn
 
-from .. import comm
-from ..comm.types import ReduceOp
+from ... import comm
+from ...comm.types import ReduceOp
 from .flat import FlatLayout
 
 

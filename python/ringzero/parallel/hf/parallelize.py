@@ -14,9 +14,9 @@ import torch.nn as nn
 from .hf_layers import (HFCausalLMLoss, ParallelAttention, ParallelMLP, shard_sequence_between, sum_gradient_over_group,
                         zero_gradient_row)
 from .hf_plans import HFPlan, attention_shape, check_config, find_module, resolve_plan
-from .mesh import Mesh
-from .tensor import ColumnParallelLinear, RowParallelLinear
-from .vocab import VocabParallelEmbedding, vocab_range
+from ..mesh import Mesh
+from ..tensor_parallel.tensor import ColumnParallelLinear, RowParallelLinear
+from ..tensor_parallel.vocab import VocabParallelEmbedding, vocab_range
 
 
 @dataclasses.dataclass

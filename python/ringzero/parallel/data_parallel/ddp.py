@@ -13,8 +13,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from .. import comm
-from ..comm.types import ReduceOp
+from ... import comm
+from ...comm.types import ReduceOp
 from .flat import FlatLayout, bucket_params
 from .grad_ready import GradReadyTracker
 

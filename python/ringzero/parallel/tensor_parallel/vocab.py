@@ -8,8 +8,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .. import comm
-from ..comm.types import ReduceOp
+from ... import comm
+from ...comm.types import ReduceOp
 from .tensor import (check_divides, group_rank, group_size, reduce_from_tensor_region,
                      reduce_scatter_to_sequence_shards, shard_rows)
 
@@ -66,7 +66,7 @@ def vocab_parallel_cross_entropy(local_logits: torch.Tensor, targets: torch.Tens
                                  reduction: str = "mean") -> torch.Tensor:
     """Mean cross-entropy over all tokens, as models.lm_loss (F.cross_entropy) gives on the full logits;
     reduction="none": the loss of every token instead, shaped like `targets` (a caller that ignores some
-    tokens masks them and takes its own mean: parallel/hf_layers.py).
+    tokens masks them and takes its own mean: parallel/hf/hf_layers.py).
 
     local_logits: (..., V / tp), this rank's block vocab_range(V) of the vocabulary (a vocab-parallel
     head's output); targets: (...) int64 in [0, V), the same on every rank. Every rank of `group` must

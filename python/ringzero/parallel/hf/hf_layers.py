@@ -1,6 +1,6 @@
-"""The modules parallelize() puts into a Hugging Face decoder: attention and MLP built on tensor.py's
-column- and row-parallel layers, the vocabulary-parallel loss in transformers' calling convention, and
-the hooks that shard the sequence between the decoder layers.
+"""The modules parallelize() puts into a Hugging Face decoder: attention and MLP built on
+tensor_parallel/tensor.py's column- and row-parallel layers, the vocabulary-parallel loss in transformers'
+calling convention, and the hooks that shard the sequence between the decoder layers.
 
 [Note: sequence parallelism in a Hugging Face model]
 The model's own forward (LlamaModel, GPT2Model) derives positions, the rotary tables and the causal mask
@@ -18,10 +18,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .. import comm
-from .tensor import (ColumnParallelLinear, RowParallelLinear, gather_sequence_shards_replicated, group_size,
-                     split_to_sequence_shards)
-from .vocab import vocab_parallel_cross_entropy
+from ... import comm
+from ..tensor_parallel.tensor import (ColumnParallelLinear, RowParallelLinear, gather_sequence_shards_replicated,
+                                      group_size, split_to_sequence_shards)
+from ..tensor_parallel.vocab import vocab_parallel_cross_entropy
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -21,7 +21,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .hf_layers import causal_lm_loss
 from .hf_plans import HFPlan, find_module, resolve_plan
-from .zero import ZeroDataParallel
+from ..data_parallel.zero import ZeroDataParallel
 
 
 def _plan_of(model: nn.Module, plan) -> HFPlan:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from .clip import clip_grad_norm_
+from ..data_parallel.clip import clip_grad_norm_
 from .tensor import ColumnParallelLinear, RowParallelLinear, group_rank, group_size, shard_rows
 from .vocab import VocabParallelEmbedding
 
@@ -108,7 +108,7 @@ def clip_tensor_parallel_grad_norm_(model: nn.Module, max_norm: float, tp: int, 
     whose master shards are disjoint). `shared`: parameters (under ZeRO, master shards) whose gradient a
     second pipeline stage holds too (an embedding tied to the head): counted half on each. Every rank of
     `group` calls it."""
-    from .zero import ZeroDataParallel
+    from ..data_parallel.zero import ZeroDataParallel
 
     split, whole, split_shared, whole_shared = [], [], [], []
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .. import comm
-from ..comm.types import ReduceOp
+from ... import comm
+from ...comm.types import ReduceOp
 
 
 def _sum_of_squares(grads) -> torch.Tensor:

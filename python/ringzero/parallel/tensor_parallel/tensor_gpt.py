@@ -19,8 +19,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..models.gpt import GPT, GPTConfig
-from .clip import clip_grad_norm_
+from ...models.gpt import GPT, GPTConfig
+from ..data_parallel.clip import clip_grad_norm_
 from .tensor import (ColumnParallelLinear, RowParallelLinear, check_divides, copy_to_tensor_region, group_rank,
                      group_size)
 from .tensor_state import replicated_parameter_names

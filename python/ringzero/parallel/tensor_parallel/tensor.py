@@ -17,7 +17,7 @@ The middle two replace f and g under sequence parallelism, where the activations
 sharded along the sequence (each rank holds T / tp positions): all-gather + reduce-scatter move the
 same bytes as the one all-reduce they replace, and layer norms and residuals run on 1/tp of the tokens.
 The last two enter and leave a sequence-parallel stretch from and to a replicated activation (the
-Hugging Face plans keep the embedding and the final norm replicated: parallel/hf_layers.py).
+Hugging Face plans keep the embedding and the final norm replicated: parallel/hf/hf_layers.py).
 Every operator is collective over its group: all ranks of `group` must call it with equal shapes. With
 a group of one rank every operator is the identity.
 """
@@ -28,7 +28,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .. import comm
+from ... import comm
 
 
 def group_size(group) -> int:

@@ -1,0 +1,13 @@
+"""Data parallelism: every rank holds the whole model (or, under ZeRO, a shard of its state) and a slice
+of the batch. One concern per module:
+
+  ddp.py            DistributedDataParallel: bucketed gradient all-reduce overlapped with backward
+  zero.py           ZeroDataParallel (stages 1-3): float32 master shards; delegates to one ZeroSharding
+  zero_sharding.py  the interface between ZeroDataParallel and its sharding, and their shared gradient path
+  zero_buckets.py   stages 1 and 2: weights gathered in flat buckets, optimizer state (and gradients) sharded
+  zero_units.py     stage 3: weights sharded in units, gathered before their forward and backward
+  sharded_group.py  one ZeRO flat group: master shard, gather of full weights, reduction of gradients
+  flat.py           flat layouts: parameters end to end in one 1-D buffer, a contiguous shard per rank
+  grad_ready.py     counts gradients as autograd produces them; starts reductions in a fixed order
+  clip.py           global gradient-norm clipping over gradients spread across ranks
+"""
