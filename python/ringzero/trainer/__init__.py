@@ -20,9 +20,9 @@ from .estimate_check import estimate_for_run
 from .faults import maybe_fault
 from .layout import BASELINES, RUNS, check_recompute, check_run, check_schedule
 from .loop import train_rank
-from .report import plot_compare, ratios, table
+from .report import ratios, table
 
 _maybe_fault = maybe_fault  # the name tests/test_bad_calls.py imports
 
-__all__ = ["train_rank", "check_recompute", "check_run", "check_schedule", "estimate_for_run", "maybe_fault", "plot_compare", "ratios",
+__all__ = ["train_rank", "check_recompute", "check_run", "check_schedule", "estimate_for_run", "maybe_fault", "ratios",
            "table", "BASELINES", "RUNS"]
