@@ -249,6 +249,57 @@ def test_the_cycle_check_finds_one_through_a_function_level_relative_import(tmp_
     assert find_cycle(graph) == ["ringzero.a", "ringzero.sub.b", "ringzero.a"]
 
 
+def layer_of(module: str) -> str:
+    """The layer of a module of ringzero, as docs/design.md's table names them ("models": the plain-torch
+    models folder, beside the layers; "top": the package itself, which re-exports and registers)."""
+    parts = module.split(".")
+    if module in EXTENSIONS:
+        return "4 torch"
+    if len(parts) == 1:
+        return "top"
+    return {"comm": "5 comm", "optim": "6 optim", "ops": "6 optim", "parallel": "7 parallel",
+            "models": "models"}.get(parts[1], "8 tools")
+
+
+LAYER_USES = {"5 comm": {"4 torch"}, "6 optim": {"4 torch"}, "7 parallel": {"4 torch", "5 comm", "6 optim", "models"},
+              "models": set()}
+"""What each layer of python/ringzero may import besides itself (docs/design.md, "Layers"); layer 8 (the
+tools) and the package itself may import anything."""
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    found = []
+    for module, deps in sorted(graph.items()):
+        mine = layer_of(module)
+        if mine not in LAYER_USES:
+            continue
+        for dep in sorted(deps):
+            theirs = layer_of(dep)
+            if theirs != mine and theirs not in LAYER_USES[mine]:
+                found.append(f"{module} ({mine}) imports {dep} ({theirs})")
+    return found
+
+
+def test_each_layer_imports_only_what_design_md_allows():
+    assert layer_violations(import_graph(package_modules())) == []
+
+
+def test_the_layer_check_finds_a_violation(tmp_path):
+    pkg = tmp_path / "ringzero"
+    for sub in ("comm", "parallel", "models"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "trainer.py").write_text("")
+    (pkg / "comm" / "a.py").write_text("def f():\n    from ..parallel import b\n")
+    (pkg / "parallel" / "b.py").write_text("from .. import trainer\nfrom ..models import m\nfrom ..comm import a\n")
+    (pkg / "models" / "m.py").write_text("from ..comm import a\n")
+    assert layer_violations(import_graph(package_modules(pkg))) == [
+        "ringzero.comm.a (5 comm) imports ringzero.parallel.b (7 parallel)",
+        "ringzero.models.m (models) imports ringzero.comm.a (5 comm)",
+        "ringzero.parallel.b (7 parallel) imports ringzero.trainer (8 tools)"]
+
+
 PARALLEL_FORMS = {"data_parallel": set(), "tensor_parallel": {"data_parallel"},
                   "pipeline": {"data_parallel", "tensor_parallel"},
                   "hf": {"data_parallel", "tensor_parallel", "pipeline"}}
