@@ -184,12 +184,12 @@ if [ "$TORCH_CUDA" = 1 ]; then
     # test_backend_cuda: the "ringzero" c10d backend on CUDA tensors (ops at 2-3 processes, DDP/FSDP2 at 2 and 4,
     # 10 training steps, a rank missing at the CUDA rendezvous); not yet timed on a GPU.
     step "$L_PYTEST" "3. Python GPU tests (fixed cases, fuzz, missing peer, multi-tensor Adam and its graph capture, c10d backend)" \
-      "$PY" -m pytest -q -rs tests/test_cuda.py tests/test_cuda_fuzz.py tests/test_cuda_timeout.py tests/test_adam_cuda.py \
-      tests/test_backend_cuda.py -k "not compiled"
+      "$PY" -m pytest -q -rs tests/cuda/test_cuda.py tests/cuda/test_cuda_fuzz.py tests/cuda/test_cuda_timeout.py tests/cuda/test_adam_cuda.py \
+      tests/cuda/test_backend_cuda.py -k "not compiled"
   fi
   if want compile; then
     step "$L_COMPILE" "3b. stock DDP under torch.compile on the ringzero backend, CUDA tensors (2 ranks on one GPU)" \
-      "$PY" -m pytest -q -rs tests/test_backend_cuda.py -k "compiled and 2"
+      "$PY" -m pytest -q -rs tests/cuda/test_backend_cuda.py -k "compiled and 2"
   fi
   if want bench; then
     step "$L_BENCH" "4. CUDA benchmark" "$PY" benchmarks/bench_cuda.py --out "$RESULTS/bench_cuda_$STAMP.txt"

@@ -1,4 +1,4 @@
-"""The swap-in backend across the lab's hosts (tests/hostlab.py), as a new user runs it: torchrun per host,
+"""The swap-in backend across the lab's hosts (tests/helpers/hostlab.py), as a new user runs it: torchrun per host,
 `dist.init_process_group("ringzero")`, stock torch.distributed calls and stock DDP and FSDP2, against the
 same calls on a gloo group of the same processes (issue 43's bars).
 
@@ -28,7 +28,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "helpers"))
 OPS = ("all_reduce", "reduce_scatter", "all_gather")
 WIDTH, LAYERS = 1024, 4  # the MLP: 4 x (1024 x 1024 + 1024) = 4.2M parameters
 BATCH = 32

@@ -1,4 +1,4 @@
-"""Collectives across hosts of the lab (tests/hostlab.py: network namespaces joined by veths to a bridge,
+"""Collectives across hosts of the lab (tests/helpers/hostlab.py: network namespaces joined by veths to a bridge,
 each link shaped with tbf): ringzero's all-reduce, reduce-scatter and all-gather (hierarchical where
 every host has the same number of ranks), its flat ring, and gloo's own, beside the link bound and the
 alpha-beta prediction of `ringzero estimate` for the same link (estimate/network.py).
@@ -27,7 +27,7 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "helpers"))
 OPS = ("all_reduce", "reduce_scatter", "all_gather")
 SLICE_NUMEL = (1 << 20) // 4  # the bare link's messages: the rings' default 1 MiB slices
 

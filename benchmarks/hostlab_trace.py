@@ -15,7 +15,7 @@ import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "helpers"))
 RING_STEPS = ("all_reduce_start", "all_reduce_finish", "reduce_scatter_start", "reduce_scatter_finish",
               "all_gather_start", "all_gather_finish")
 

@@ -5,7 +5,7 @@ the rank), with resident memory and open file descriptors compared between the s
     python benchmarks/soak.py --nproc 4 --steps 20000 --max-seconds 900
     RINGZERO_HOST_ID-style multi-host runs: --hosts a,b,a,b
 
-tests/test_soak.py runs a bounded version of the same body in CI.
+tests/collectives/test_soak.py runs a bounded version of the same body in CI.
 """
 from __future__ import annotations
 

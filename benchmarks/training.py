@@ -31,7 +31,7 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "helpers"))
 sys.path.insert(0, os.path.join(HERE, "..", "python"))
 
 import torch  # noqa: E402

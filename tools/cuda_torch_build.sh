@@ -5,7 +5,7 @@
 # CUDA path and NCCL included, for sm_80 and sm_90a; then, in that environment:
 #   - `import ringzero` loads it (every symbol of _C resolved against torch's CUDA libraries at load),
 #     and the build says it has CUDA and NCCL;
-#   - a CUDA call without a GPU raises a clear Python error, not a crash (tests/cuda_install_check.py);
+#   - a CUDA call without a GPU raises a clear Python error, not a crash (tests/helpers/run_cuda_install_check.py);
 #   - the CPU tests that touch the CUDA build's code paths pass, and the GPU tests skip, saying why.
 #   bash tools/cuda_torch_build.sh          # tools/test.sh runs it where nvcc is installed
 # The environment is kept in RINGZERO_CUDA_ENV (default ~/.cache/ringzero/cuda-env-<torch version>) and
@@ -49,7 +49,7 @@ say "building ringzero with nvcc $(nvcc --version | sed -n 's/.*release \([0-9.]
    "$ENV/bin/python" -m pip install -q --no-build-isolation --no-deps --force-reinstall .)
 say "built"
 cd "$SRC/tests"  # not the checkout's python/: the installed build must be the one imported
-"$ENV/bin/python" cuda_install_check.py
+"$ENV/bin/python" helpers/run_cuda_install_check.py
 say "import and the no-GPU errors checked"
-"$ENV/bin/python" -m pytest -q -rs -p no:cacheprovider test_bench_cuda_args.py test_backend_ops.py test_cuda.py
+"$ENV/bin/python" -m pytest -q -rs -p no:cacheprovider cuda/test_bench_cuda_args.py backend/test_backend_ops.py cuda/test_cuda.py
 say "done"

@@ -27,7 +27,7 @@ PYEOF
   exit 1
 fi
 # numpy/pytest/tqdm/matplotlib for the package and its tests (expecttest: torch's own test suite, which
-# tests/torch_suite runs, imports it); cmake and ninja build it; setuptools and wheel because
+# tests/helpers/torch_suite runs, imports it); cmake and ninja build it; setuptools and wheel because
 # --no-build-isolation builds with what is installed (a new venv has neither a recent setuptools nor
 # wheel); the NCCL wheel gives nccl.h to the CUDA sources (compiled whenever nvcc is present), and
 # cuobjdump with the nvdisasm it runs disassemble them for tools/cuda_static_check.py.
@@ -35,7 +35,7 @@ fi
 if command -v nvcc >/dev/null 2>&1; then
   "$PY" -m pip install -q nvidia-nccl-cu13 nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm
 fi
-# The host lab (tests/hostlab.py) needs iproute2 (ip, tc) and util-linux (unshare, nsenter), and root;
+# The host lab (tests/helpers/hostlab.py) needs iproute2 (ip, tc) and util-linux (unshare, nsenter), and root;
 # its tests fail naming what is missing. Installed here where apt-get and root are at hand.
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   for tool in ip tc unshare nsenter; do
@@ -45,9 +45,9 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     fi
   done
 fi
-# PyTorch Lightning, Ray Train and HF Accelerate for tests/test_frameworks.py (and transformers, the
-# optional extra `hf`, for tests/test_hf_plans.py; deepspeed, the extra `baselines`, for the deepspeed-zero
-# rows of tests/test_train_baselines.py), constrained to the torch
+# PyTorch Lightning, Ray Train and HF Accelerate for tests/backend/test_frameworks.py (and transformers, the
+# optional extra `hf`, for tests/parallel/test_hf_plans.py; deepspeed, the extra `baselines`, for the deepspeed-zero
+# rows of tests/trainer/test_train_baselines.py), constrained to the torch
 # already here so that they can never replace it. The constraint takes the version pip recorded, not
 # torch.__version__: the registry's CUDA wheels say "2.10.0+cu128" there but "2.10.0" to pip, and a
 # constraint on the former cannot be met (pip stopped with ResolutionImpossible, 2026-11-26).

@@ -1,6 +1,6 @@
 // Element types, reduction operators, collective kinds and all-reduce algorithms shared by every layer.
 // This is the one table: ringzero._C exports each enum's names and values (csrc/torch/enum_bindings.cpp)
-// and python/ringzero/comm/types.py builds its enums from them (tests/test_structure.py checks that no
+// and python/ringzero/comm/types.py builds its enums from them (tests/house/test_structure.py checks that no
 // integer table is kept in Python). Values are contiguous from 0; the name functions cover them all.
 #pragma once
 #include <cstddef>

@@ -2,7 +2,7 @@
 and tokens/s of the compared runs, each ringzero bar labelled with its ratio to its stock row. The ratio
 labels are placed by measuring them: horizontal when every label fits its bar's slot, else upright, and
 the bar panels' y range grown until every label fits inside its panel, so that no label crosses another
-label or a bar it does not belong to at any number of rows (tests/test_compare_plot.py draws 9 and 12)."""
+label or a bar it does not belong to at any number of rows (tests/trainer/test_compare_plot.py draws 9 and 12)."""
 from __future__ import annotations
 
 import math

@@ -1,7 +1,7 @@
 """The one reader of ringzero's runtime environment: `from_env()` reads and validates every RINGZERO_*
 variable once, into a frozen `Config` that the Communicator, the CUDA path, the c10d backend and the
 pipeline runtime take. A bad value fails at once with a ValueError naming the variable and what it
-allows. docs/environment.md lists the same variables (tests/test_config.py keeps them in step).
+allows. docs/environment.md lists the same variables (tests/house/test_config.py keeps them in step).
 
 Not read here: RINGZERO_CPU_ISA (csrc/core/reduce.cpp reads it when the reduction kernels load, also in
 the C++ tests, and validates it there), RINGZERO_FAULT (trainer/faults.py: test-time fault injection),
@@ -86,7 +86,7 @@ class Config:
         )
 
 
-# variable -> Config field; tests/test_config.py compares this with docs/environment.md.
+# variable -> Config field; tests/house/test_config.py compares this with docs/environment.md.
 VARIABLES = {
     "RINGZERO_TIMEOUT_S": "timeout_s",
     "RINGZERO_SHM_BUFFER_BYTES": "shm_buffer_bytes",

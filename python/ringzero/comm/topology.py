@@ -39,7 +39,7 @@ def host_id(forced: str = "") -> str:
 # namespaces with separate /dev/shm mounts cannot meet in one segment even when the kernel and the
 # hostname are the same (network namespaces share the boot id; a UTS namespace may repeat a hostname).
 # The hostname stays in the id so that it reads well in messages; a differing one only ever splits hosts
-# (never merges two that cannot share memory). tests/test_hostlab.py checks the rule on namespaced hosts.
+# (never merges two that cannot share memory). tests/lab/test_hostlab.py checks the rule on namespaced hosts.
 SHM_DIR = "/dev/shm"
 
 

@@ -1,5 +1,5 @@
 """The enums and dtype table of the Python layer, built from the one table in C++ (csrc/core/types.h,
-exported by ringzero._C): no integer here is kept in step by hand (tests/test_structure.py checks)."""
+exported by ringzero._C): no integer here is kept in step by hand (tests/house/test_structure.py checks)."""
 from __future__ import annotations
 
 import enum

@@ -218,7 +218,7 @@ class ModelShape:
         are e sbh each and K, V e sbk each; the MLP keeps MLP_KEPT[mlp] tensors of e sbw (2 for the GeLU
         above); an RMSNorm also keeps its normalised input (e sbh per norm, whole like the norm's input).
         Llama with w = 2h, k = h: 18 e sbh per block, as counted with saved-tensor hooks on transformers'
-        LlamaDecoderLayer (tests/test_estimate_hf.py).
+        LlamaDecoderLayer (tests/estimate/test_estimate_hf.py).
         """
         if recompute not in RECOMPUTE_KINDS:
             raise ValueError(f"recompute={recompute!r}: use one of {RECOMPUTE_KINDS}")

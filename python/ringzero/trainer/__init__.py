@@ -22,7 +22,7 @@ from .layout import BASELINES, RUNS, check_recompute, check_run, check_schedule
 from .loop import train_rank
 from .report import ratios, table
 
-_maybe_fault = maybe_fault  # the name tests/test_bad_calls.py imports
+_maybe_fault = maybe_fault  # the name tests/collectives/test_bad_calls.py imports
 
 __all__ = ["train_rank", "check_recompute", "check_run", "check_schedule", "estimate_for_run", "maybe_fault", "ratios",
            "table", "BASELINES", "RUNS"]
