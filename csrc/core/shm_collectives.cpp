@@ -7,6 +7,7 @@
 #include "errors.h"
 #include "reduce.h"
 #include "shm_placement.h"
+#include "shm_single_copy.h"
 #include "shm_slots.h"
 
 namespace ringzero {
@@ -171,6 +172,9 @@ void ShmComm::all_gather(const void* in, void* out, size_t count, DType dtype) {
     if (in != out) std::memcpy(out, in, count * es);
     return;
   }
+  if (single_copy_ != SingleCopy::Off && count * es >= kSingleCopyMinBytes && count * es < kSingleCopyEndBytes &&
+      all_gather_single_copy(static_cast<const char*>(in), static_cast<char*>(out), count, es))
+    return;
   // Two ranks, a block past kStreamGatherBytes ([Note: where the host runs the ranks' cores]): the output
   // (larger than a last-level cache) is written with streaming stores; on two last-level caches, the
   // slot too (decided after the first slice, from a probe). All from the op's arguments but the probe,

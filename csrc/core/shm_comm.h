@@ -65,6 +65,13 @@ class ShmComm {
   // own affinity, which undercounts once a launcher has bound each rank to its own cores. Resets spin().
   void set_host_cpus(int cpus) { spin_ = spin_allowed_ = nranks_ <= cpus; }
   bool spin() const { return spin_; }
+  // Single copy ([Note: single copy between a host's ranks], shm_single_copy.cpp): a large all-gather
+  // reads each peer's input straight from its memory (process_vm_readv) instead of through the slots.
+  // allowed = false never tries it (RINGZERO_SINGLE_COPY=0); true (the default) probes the kernel's
+  // permission at the first call that would use it and keeps the verdict, the same on every rank.
+  void set_single_copy(bool allowed);
+  // 0: not yet probed, 1: in use, 2: off (refused by the kernel, or set_single_copy(false)).
+  int single_copy() const { return static_cast<int>(single_copy_); }
 
   // All pointers are this process's memory; counts are elements. `in` may equal `out` where shapes
   // allow (all_reduce, broadcast, reduce). Every rank of the host must call the same collective with
@@ -169,6 +176,12 @@ class ShmComm {
   void all_reduce_one_shot(const void* in, void* out, size_t count, DType dtype, ReduceOp op);
   void all_reduce_two_shot(const void* in, void* out, size_t count, DType dtype, ReduceOp op);
   void all_reduce_ring(const void* in, void* out, size_t count, DType dtype, ReduceOp op);
+  // The single-copy all-gather; false when the first probe found it refused (then nothing but this
+  // rank's own block of `out` is written, and the caller runs the staged all-gather).
+  bool all_gather_single_copy(const char* in, char* out, size_t count, size_t es);
+  // Copies `bytes` from address `src` of local rank q's process into `dst` (process_vm_readv).
+  void read_peer(int q, void* dst, uint64_t src, size_t bytes);
+  enum class SingleCopy : int32_t { Untested = 0, On = 1, Off = 2 };
 
   ShmSegment seg_;
   int rank_;
@@ -192,6 +205,7 @@ class ShmComm {
   bool spin_ = true;          // waits spin before they sleep (see set_spin)
   uint64_t probes_ = 0;       // peer_on_other_cache calls so far (the same on every rank)
   double probe_ns_ = 0;       // and the fastest round trip of the last one
+  SingleCopy single_copy_ = SingleCopy::Untested;  // the same on every rank (decided together)
 };
 
 }  // namespace ringzero

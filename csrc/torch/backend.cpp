@@ -145,6 +145,7 @@ void RingzeroBackend::rendezvous(const c10::intrusive_ptr<c10d::Store>& store) {
   // with benchmarks/ddp_backend.py on the shared 2-core machine (2026-11-21, then still a polling
   // sleep): all-reduce of 13 MB at 2 ranks took 3.1 ms without spinning, 14.4 ms with it.
   if (shm_) shm_->set_spin(false);
+  if (shm_) shm_->set_single_copy(config_.single_copy);
   if (!error.empty()) {
     shm_.reset();
     p2p_.reset();

@@ -36,6 +36,7 @@ struct BackendConfig {
   double timeout_s = 300;  // every shared-memory wait and store wait ends after this
   size_t slot_bytes = 1 << 20;                            // RINGZERO_SHM_BUFFER_BYTES
   AllReduceAlgo all_reduce_algo = AllReduceAlgo::Auto;  // RINGZERO_ALLREDUCE_ALGO; Auto chooses by size
+  bool single_copy = true;                                // RINGZERO_SINGLE_COPY
   // The group's ranks are on several hosts: decided by the creator from the host exchange (the one
   // decision of the layout, comm/transports.py pick_transport); no shared-memory segment is made then.
   bool spans_hosts = false;

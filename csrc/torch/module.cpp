@@ -120,6 +120,11 @@ PYBIND11_MODULE(_C, m) {
       .def("set_timeout", &ShmComm::set_timeout)
       .def("set_spin", &ShmComm::set_spin, py::arg("spin"),
            "Whether waits may spin before sleeping (never when ranks outnumber cores); see core/shm_wait.h")
+      .def("set_single_copy", &ShmComm::set_single_copy, py::arg("allowed"),
+           "Whether a large all-gather may read peers' memory directly (probed at its first use); "
+           "[Note: single copy between a host's ranks]")
+      .def_property_readonly("single_copy", &ShmComm::single_copy,
+                             "0: not yet probed, 1: in use, 2: off (refused, or set_single_copy(False))")
       .def("set_host_cpus", &ShmComm::set_host_cpus, py::arg("cpus"),
            "Distinct cpus the host's ranks may run on together; waits spin only if every rank can have one")
       .def_property_readonly("spin", static_cast<bool (ShmComm::*)() const>(&ShmComm::spin))

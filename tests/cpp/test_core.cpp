@@ -19,6 +19,7 @@
 #include "core/half.h"
 #include "core/reduce.h"
 #include "core/shm_comm.h"
+#include "core/shm_single_copy.h"
 #include "test_util.h"
 #include "core/shm_p2p.h"
 
@@ -295,9 +296,61 @@ static void test_p2p() {
   std::printf("p2p: %d messages checked\n", messages.load());
 }
 
+// The single-copy all-gather ([Note: single copy between a host's ranks], csrc/core/shm_single_copy.cpp)
+// against the same reference: blocks just under, at and over kSingleCopyMinBytes (the first runs staged,
+// the others single-copy), a prime count several times the threshold, in place and not, worlds 1-5;
+// then the same with single copy turned off (staged throughout), and a mismatch between a rank that
+// would read its peers directly and one that would stage.
+static void test_single_copy() {
+  int cases = 0;
+  for (bool allowed : {true, false}) {
+    for (int n = 1; n <= 5; ++n) {
+      run_ranks(n, 4096, 30, [&](int rank, ShmComm& c) {
+        c.set_single_copy(allowed);
+        CHECK(c.single_copy() == (allowed ? 0 : 2), "rank %d: single_copy() before any call is %d", rank, c.single_copy());
+        for (DType t : {DType::F32, DType::BF16, DType::I64}) {
+          const size_t es = dtype_size(t), at = kSingleCopyMinBytes / es;
+          for (size_t count : {at - 1, at, 3 * at + 7, size_t(1000003)}) {
+            for (bool in_place : {false, true}) {
+              std::vector<char> out(n * count * es + 1, 0x5a);
+              std::vector<char> in(count * es);
+              char* src = in_place ? out.data() + rank * count * es : in.data();
+              for (size_t i = 0; i < count; ++i) put(src, i, t, value(rank, i, t));
+              c.all_gather(src, out.data(), count, t);
+              check_buffer(in_place ? "single-copy all_gather in place" : "single-copy all_gather", out, n * count, t,
+                           [&](size_t i) { return value(static_cast<int>(i / count), i % count, t); }, rank);
+              CHECK(out[n * count * es] == 0x5a, "rank %d: all_gather wrote past its output", rank);
+              if (rank == 0) ++cases;
+            }
+          }
+        }
+        const int want = !allowed ? 2 : n == 1 ? 0 : 1;  // one rank gathers by memcpy: nothing to probe
+        CHECK(c.single_copy() == want, "rank %d of %d: single_copy() is %d, want %d", rank, n, c.single_copy(), want);
+      });
+    }
+  }
+  run_ranks(2, 4096, 10, [&](int rank, ShmComm& c) {
+    const size_t big = kSingleCopyMinBytes / 4, count = rank == 0 ? big : 16;
+    std::vector<float> in(count, 1.0f), out(2 * big);
+    bool raised = false;
+    try {
+      c.all_gather(in.data(), out.data(), count, DType::F32);
+    } catch (const CollectiveMismatchError&) {
+      raised = true;
+    }
+    CHECK(raised, "rank %d: a single-copy all-gather against a staged one must raise a mismatch", rank);
+    std::vector<float> again(big, static_cast<float>(rank + 1));
+    c.all_gather(again.data(), out.data(), big, DType::F32);
+    CHECK(out[0] == 1.0f && out[2 * big - 1] == 2.0f, "rank %d: all_gather after the mismatch gave %g, %g", rank,
+          out[0], out[2 * big - 1]);
+  });
+  std::printf("single copy: %d (world, dtype, count, placement) cases checked, on and off\n", cases);
+}
+
 int main() {
   test_reduce_tables();
   test_collectives();
+  test_single_copy();
   test_mismatch_and_timeout();
   test_p2p();
   if (g_failures) {

@@ -40,11 +40,11 @@ BACKEND_NAME = "ringzero"
 def backend_config(config: Config, timeout: datetime.timedelta, spans_hosts: bool = False) -> "_C.BackendConfig":
     """What the C++ backend takes from the validated configuration: the host identity, RINGZERO_TIMEOUT_S
     when set (else the timeout given to init_process_group / new_group), the shared-memory slot, the
-    all-reduce algorithm, and whether the group spans hosts (decided here, from the HostGroup's topology:
+    all-reduce algorithm, single copy, and whether the group spans hosts (decided here, from the HostGroup's topology:
     the C++ side never decides it)."""
     return _C.BackendConfig(host_id=host_id(config.host_id), timeout_s=config.timeout_or(timeout.total_seconds()),
                             slot_bytes=config.shm_buffer_bytes, all_reduce_algo=config.algo_code,
-                            spans_hosts=spans_hosts)
+                            spans_hosts=spans_hosts, single_copy=config.single_copy)
 
 
 _ENGINES: list = []  # weak references to this process's engines (hosts_engines())

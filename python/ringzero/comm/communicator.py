@@ -46,6 +46,7 @@ def host_segment(hg: HostGroup, slot_bytes: int, timeout_s: float):
         open_=lambda name: _C.ShmComm(name, topo.local_rank, topo.local_world, slot_bytes, timeout_s,
                                       topo.local_ranks))
     shm.set_host_cpus(hg.local_cpus)
+    shm.set_single_copy(hg.config.single_copy)
     return shm
 
 

@@ -45,6 +45,11 @@ class Config:
     (torchrun) the first setup of a job-wide group binds where no rank was bound and there is a cpu per
     rank ([Note: binding at setup]). 0 leaves placement to the scheduler. Unbound, the guest scheduler of
     the 2-core VM sometimes put both ranks on one vCPU, and each small collective's wait cost ~20 us."""
+    single_copy: bool = True
+    """RINGZERO_SINGLE_COPY: an all-gather of 64 KiB and more per rank reads each peer's block straight from
+    the peer's memory (process_vm_readv: one copy instead of two through the staging slots), where the
+    kernel allows it (probed at the first such call; refused, everything stays staged). 0: always staged.
+    [Note: single copy between a host's ranks] in csrc/core/shm_single_copy.cpp."""
     debug: bool = False
     """RINGZERO_DEBUG: fingerprint every collective on the network paths too (one small all-gather per call)."""
     flight_dir: str = ""
@@ -95,6 +100,7 @@ VARIABLES = {
     "RINGZERO_HOST_ID": "host_id",
     "RINGZERO_DEBUG": "debug",
     "RINGZERO_BIND_CORES": "bind_cores",
+    "RINGZERO_SINGLE_COPY": "single_copy",
     "RINGZERO_FLIGHT_DIR": "flight_dir",
     "RINGZERO_CUDA_BUFFER_BYTES": "cuda_buffer_bytes",
     "RINGZERO_CUDA_RING_CHANNELS": "cuda_ring_channels",
@@ -143,7 +149,7 @@ def _text(name: str, raw: str) -> str:
     return raw
 
 
-_PARSERS = {"timeout_s": _positive, "allreduce_algo": _algo, "host_id": _text, "debug": _flag, "bind_cores": _flag,
+_PARSERS = {"timeout_s": _positive, "allreduce_algo": _algo, "host_id": _text, "debug": _flag, "bind_cores": _flag, "single_copy": _flag,
             "flight_dir": _text, "cuda_blocking_wait": _flag}
 
 

@@ -1,0 +1,113 @@
+// [Note: single copy between a host's ranks]
+// The staged collectives copy every byte twice: into the sender's slot, out of it into the receiver's
+// buffer. An all-gather reduces nothing, so the slot buys it nothing; where the kernel lets a process
+// read another's memory (cross-memory attach: process_vm_readv, Linux 3.2+, allowed between processes
+// of one user unless a security policy such as Yama's ptrace_scope >= 2 or a container's seccomp
+// profile refuses it), each rank reads each peer's block straight from the peer's input into its own
+// output: one copy. The protocol, two synchronisations per call whatever the size:
+//   1. each rank publishes its input's address (Control::xaddr) with its fingerprint and signals; all
+//      wait, and check fingerprints;
+//   2. each rank copies its own block, reads every peer's (peers in turn from its own rank up, so that
+//      the ranks do not all start on one peer's pages), then signals again; no rank returns, so none
+//      lets its caller change its input, before every peer has read it.
+// Which blocks (shm_single_copy.h): below kSingleCopyMinBytes (64 KiB) one staged slice is as fast and needs
+// one synchronisation; from kSingleCopyEndBytes (16 MiB) on, the staged all-gather's streaming stores
+// (shm_placement.h) beat the kernel's copy, which writes the output with plain stores and runs at about
+// 60% of a memcpy here. On the 2-core VM (2 ranks, 2026-11-28, `ringzero bench`, RINGZERO_SINGLE_COPY=1
+// against 0): 256 KiB 11.5 against 20.4 us, 1 MiB 65-77 against 100-110 us, 4 MiB 321-355 against
+// 431-435 us, 16 MiB 1.75-1.92 against 1.84-1.95 ms, 64 MiB 14.3-15.5 against 12.5-13.6 ms.
+// The first call that qualifies probes: every rank reads a few
+// bytes of every peer's input and publishes its verdict; all wait and read all verdicts, and single
+// copy is on for good only if every rank could read every peer. Otherwise it is off for good and this
+// call and all later ones run staged. The decision depends on the call's arguments and verdicts every
+// rank sees alike, so all ranks take the same path. set_single_copy(false) (RINGZERO_SINGLE_COPY=0)
+// never tries. Measurements: benchmarks/RESULTS.md, "Single copy".
+#include "shm_single_copy.h"
+
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include "errors.h"
+#include "shm_slots.h"
+
+namespace ringzero {
+
+void ShmComm::set_single_copy(bool allowed) {
+  single_copy_ = allowed ? (single_copy_ == SingleCopy::Off ? SingleCopy::Untested : single_copy_) : SingleCopy::Off;
+}
+
+void ShmComm::read_peer(int q, void* dst, uint64_t src, size_t bytes) {
+  const int pid = header()->pids[q].load();
+  char* d = static_cast<char*>(dst);
+  while (bytes > 0) {
+    iovec local{d, bytes};
+    iovec remote{reinterpret_cast<void*>(src), bytes};
+    const ssize_t n = process_vm_readv(pid, &local, 1, &remote, 1, 0);
+    if (n > 0) {
+      d += n;
+      src += static_cast<uint64_t>(n);
+      bytes -= static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    const int err = n < 0 ? errno : EFAULT;
+    if (process_gone(pid)) fail_wait({q}, 0, "a peer exited");
+    const std::string why = "ringzero " + std::string(collective_name(static_cast<CollectiveKind>(current_.kind))) +
+                            " (sequence number " + std::to_string(current_.seq) + ") on group rank " +
+                            std::to_string(group_ranks_[rank_]) + ": reading group rank " +
+                            std::to_string(group_ranks_[q]) + "'s input failed (" + std::strerror(err) +
+                            "); set RINGZERO_SINGLE_COPY=0 to stage every copy through shared memory";
+    abort_all(why);
+    throw CommError(why);
+  }
+}
+
+bool ShmComm::all_gather_single_copy(const char* in, char* out, size_t count, size_t es) {
+  const size_t block = count * es;
+  const uint64_t k = begin_slice();
+  Control* me = control(rank_);
+  me->xaddr.store(reinterpret_cast<uint64_t>(in), std::memory_order_relaxed);
+  publish_fingerprint(k);
+  signal();
+  // The own block needs no peer (before the fingerprint check, as in the staged all-gather: a mismatch
+  // raises with `out` holding this rank's block and `in` untouched).
+  char* own = out + rank_ * block;
+  if (own != in) std::memcpy(own, in, block);
+  wait_all(phase_);
+  check_fingerprints(k);
+  if (single_copy_ == SingleCopy::Untested) {
+    bool ok = true;
+    char probe[64];
+    for (int q = 0; q < nranks_ && ok; ++q) {
+      if (q == rank_) continue;
+      iovec local{probe, std::min(block, sizeof(probe))};
+      iovec remote{reinterpret_cast<void*>(control(q)->xaddr.load(std::memory_order_relaxed)), local.iov_len};
+      ok = process_vm_readv(header()->pids[q].load(), &local, 1, &remote, 1, 0) == static_cast<ssize_t>(local.iov_len);
+    }
+    me->xverdict.store(ok ? 1 : 2, std::memory_order_relaxed);
+    signal();
+    wait_all(phase_);
+    bool all = true;
+    for (int q = 0; q < nranks_; ++q) all = all && control(q)->xverdict.load(std::memory_order_relaxed) == 1;
+    single_copy_ = all ? SingleCopy::On : SingleCopy::Off;
+    if (!all) {
+      end_slice(k);
+      return false;
+    }
+  }
+  for (int i = 1; i < nranks_; ++i) {
+    const int q = (rank_ + i) % nranks_;
+    read_peer(q, out + q * block, control(q)->xaddr.load(std::memory_order_relaxed), block);
+  }
+  end_slice(k);
+  signal();
+  wait_all(phase_);
+  return true;
+}
+
+}  // namespace ringzero

@@ -1,0 +1,13 @@
+// Single copy between a host's ranks (layer 1): [Note: single copy between a host's ranks] in
+// shm_single_copy.cpp.
+#pragma once
+#include <cstddef>
+
+namespace ringzero {
+
+// The blocks (bytes per rank) that an all-gather reads straight from its peers: from kSingleCopyMinBytes
+// up to, not including, kSingleCopyEndBytes (the Note says why both).
+constexpr size_t kSingleCopyMinBytes = 64 << 10;
+constexpr size_t kSingleCopyEndBytes = 16 << 20;
+
+}  // namespace ringzero
