@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from .comm.affinity import core_share
+from .comm.affinity import bind_process, core_share
 
 
 def under_torchrun() -> bool:
@@ -105,7 +105,9 @@ def _bind(local_world: int) -> int:
     mine = core_share(allowed, local_rank, local_world) if from_env().bind_cores else None
     if mine is None:
         return max(1, len(allowed) // max(1, local_world))
-    os.sched_setaffinity(0, mine)
+    # Every thread, not only this one: `import torch` has already started numpy's OpenBLAS server thread,
+    # which os.sched_setaffinity(0, ...) would leave free to run on the peer's core.
+    bind_process(mine)
     return len(mine)
 
 

@@ -59,7 +59,15 @@ def worker(path):
     x = __import__("torch").ones(3)
     ringzero.all_reduce(x)
     comm = ringzero.comm.api.FAST.get(id(None))
+    masks = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/status") as f:
+                masks[tid] = sorted(os.sched_getaffinity(int(tid)))
+        except OSError:
+            pass
     row = {"rank": dist.get_rank(), "cpus": sorted(os.sched_getaffinity(0)), "spin": comm.shm.spin,
+           "thread_cpus": masks,
            "local_cpus": comm.host_group.local_cpus, "threads": __import__("torch").get_num_threads(),
            "sum": x.tolist()}
     with open(f"{path}.{dist.get_rank()}", "w") as f:
@@ -88,6 +96,9 @@ def test_launcher_binds_ranks_to_disjoint_cpus_and_keeps_spinning(tmp_path, npro
     for r, row in enumerate(rows):
         assert row["sum"] == [float(nproc)] * 3  # ones summed over the ranks
         assert row["cpus"] == (core_share(CPUS, r, nproc) if want_bound else CPUS), row
+        # every thread, also those started before the launcher bound the rank (numpy's OpenBLAS server,
+        # started by `import torch`)
+        assert len(row["thread_cpus"]) > 1 and all(m == row["cpus"] for m in row["thread_cpus"].values()), row
         assert row["threads"] == max(1, len(CPUS) // nproc)
     union = set().union(*(set(row["cpus"]) for row in rows))
     for row in rows:
