@@ -125,13 +125,25 @@ def run_job(args, result: str) -> dict:
             "placement": placement_of(trips) if trips else "n/a"}
 
 
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), or the machine type where there is none."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        import platform
+
+        return platform.machine()
+
+
 def table(jobs: list, args) -> str:
-    """Markdown: per row, every job's mean call, slowest/fastest, and the counters of the fastest and the
-    slowest job."""
+    """Markdown: per row, every job's mean call, slowest/median and slowest/fastest job, and the counters of
+    the fastest and the slowest job. A slow mode (whole jobs several times slower) shows as a slowest/median
+    far above 1; issue 47's bar is 1.3."""
     from ringzero.bench import human
 
-    lines = ["| op | size | mean us per job | slowest / fastest | fastest job: outliers, steal ms, others ms, "
-             "invol. switches, minor faults | slowest job: the same |", "|---|---|---|---|---|---|"]
+    lines = ["| op | size | mean us per job | slowest / median | slowest / fastest | fastest job: outliers, steal ms, "
+             "others ms, invol. switches, minor faults | slowest job: the same |", "|---|---|---|---|---|---|---|"]
     for op in args.ops:
         for size in args.sizes:
             rows = [job["rows"][f"{op} {size}"] for job in jobs]
@@ -141,6 +153,7 @@ def table(jobs: list, args) -> str:
                 return (f"{r['outliers']}/{r['calls']}, {r['steal_ms']:.0f}, {r['others_ms']:.0f}, {r['nivcsw']}, "
                         f"{r['minflt']}")
             lines.append(f"| {op} | {human(size)} | " + " ".join(f"{r['mean_us']:.1f}" for r in rows) +
+                         f" | {slow['mean_us'] / statistics.median(r['mean_us'] for r in rows):.2f}"
                          f" | {slow['mean_us'] / fast['mean_us']:.2f} | {counters(fast)} | {counters(slow)} |")
     return "\n".join(lines)
 
@@ -175,7 +188,7 @@ def main(argv=None):
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     with tempfile.TemporaryDirectory() as tmp:
         jobs = [run_job(args, os.path.join(tmp, f"job-{j}.json")) for j in range(args.jobs)]
-    text = (f"# run_to_run | {time.strftime('%Y-%m-%d %H:%M')} | {os.cpu_count()} cpus | {args.nproc} ranks by "
+    text = (f"# run_to_run | {time.strftime('%Y-%m-%d %H:%M')} | {cpu_model()} | {os.cpu_count()} cpus | {args.nproc} ranks by "
             f"{args.launcher} | {args.jobs} jobs | budget {args.budget_s} s per row | load before: {load}\n"
             f"# ranks' cpus per job: {'; '.join(str(job['cpus']) for job in jobs)}\n"
             f"# cores per job (one: both cpus on one L3 before and after; split: on two; mixed: it changed), round "

@@ -21,7 +21,7 @@
 // copy is on for good only if every rank could read every peer. Otherwise it is off for good and this
 // call and all later ones run staged. The decision depends on the call's arguments and verdicts every
 // rank sees alike, so all ranks take the same path. set_single_copy(false) (RINGZERO_SINGLE_COPY=0)
-// never tries. Measurements: benchmarks/RESULTS.md, "Single copy".
+// never tries. Measurements: benchmarks/RESULTS.md, "Single copy and run-to-run spread (issue 47)".
 #include "shm_single_copy.h"
 
 #include <sys/uio.h>
