@@ -67,10 +67,11 @@ class ShmComm {
   bool spin() const { return spin_; }
   // Single copy ([Note: single copy between a host's ranks], shm_single_copy.cpp): a large all-gather
   // reads each peer's input straight from its memory (process_vm_readv) instead of through the slots.
-  // allowed = false never tries it (RINGZERO_SINGLE_COPY=0); true (the default) probes the kernel's
-  // permission at the first call that would use it and keeps the verdict, the same on every rank.
-  void set_single_copy(bool allowed);
-  // 0: not yet probed, 1: in use, 2: off (refused by the kernel, or set_single_copy(false)).
+  // The ranks decide together, once, at the first call that could use it: on only if every rank allows
+  // it (set_single_copy(false): RINGZERO_SINGLE_COPY=0) and the kernel lets every rank read every peer.
+  // Call before the first all-gather; later calls do not change a decision made.
+  void set_single_copy(bool allowed) { single_copy_allowed_ = allowed; }
+  // 0: not yet decided, 1: in use, 2: off (a rank did not allow it, or the kernel refused).
   int single_copy() const { return static_cast<int>(single_copy_); }
 
   // All pointers are this process's memory; counts are elements. `in` may equal `out` where shapes
@@ -206,6 +207,7 @@ class ShmComm {
   uint64_t probes_ = 0;       // peer_on_other_cache calls so far (the same on every rank)
   double probe_ns_ = 0;       // and the fastest round trip of the last one
   SingleCopy single_copy_ = SingleCopy::Untested;  // the same on every rank (decided together)
+  bool single_copy_allowed_ = true;                // this rank's vote (set_single_copy)
 };
 
 }  // namespace ringzero

@@ -16,12 +16,13 @@
 // 60% of a memcpy here. On the 2-core VM (2 ranks, 2026-11-28, `ringzero bench`, RINGZERO_SINGLE_COPY=1
 // against 0): 256 KiB 11.5 against 20.4 us, 1 MiB 65-77 against 100-110 us, 4 MiB 321-355 against
 // 431-435 us, 16 MiB 1.75-1.92 against 1.84-1.95 ms, 64 MiB 14.3-15.5 against 12.5-13.6 ms.
-// The first call that qualifies probes: every rank reads a few
-// bytes of every peer's input and publishes its verdict; all wait and read all verdicts, and single
-// copy is on for good only if every rank could read every peer. Otherwise it is off for good and this
-// call and all later ones run staged. The decision depends on the call's arguments and verdicts every
-// rank sees alike, so all ranks take the same path. set_single_copy(false) (RINGZERO_SINGLE_COPY=0)
-// never tries. Measurements: benchmarks/RESULTS.md, "Single copy and run-to-run spread (issue 47)".
+// The first call that qualifies decides, on every rank together: each rank votes (no at once where
+// set_single_copy(false), RINGZERO_SINGLE_COPY=0, else yes if it could read a few bytes of every peer's
+// input), publishes the vote, and all wait and read all votes. Single copy is on for good only if every
+// vote is yes; otherwise it is off for good, and this call and all later ones run staged. The path taken
+// depends only on the call's arguments and on votes every rank reads alike, so ranks never take
+// different paths, even where their settings differ (a rank that stages while a peer reads directly
+// would break the slot protocol: wrong data or a hang). Measurements: benchmarks/RESULTS.md, "Single copy and run-to-run spread (issue 47)".
 #include "shm_single_copy.h"
 
 #include <sys/uio.h>
@@ -36,10 +37,6 @@
 #include "shm_slots.h"
 
 namespace ringzero {
-
-void ShmComm::set_single_copy(bool allowed) {
-  single_copy_ = allowed ? (single_copy_ == SingleCopy::Off ? SingleCopy::Untested : single_copy_) : SingleCopy::Off;
-}
 
 void ShmComm::read_peer(int q, void* dst, uint64_t src, size_t bytes) {
   const int pid = header()->pids[q].load();
@@ -81,7 +78,7 @@ bool ShmComm::all_gather_single_copy(const char* in, char* out, size_t count, si
   wait_all(phase_);
   check_fingerprints(k);
   if (single_copy_ == SingleCopy::Untested) {
-    bool ok = true;
+    bool ok = single_copy_allowed_;  // a rank that does not allow it votes no without trying
     char probe[64];
     for (int q = 0; q < nranks_ && ok; ++q) {
       if (q == rank_) continue;

@@ -121,10 +121,10 @@ PYBIND11_MODULE(_C, m) {
       .def("set_spin", &ShmComm::set_spin, py::arg("spin"),
            "Whether waits may spin before sleeping (never when ranks outnumber cores); see core/shm_wait.h")
       .def("set_single_copy", &ShmComm::set_single_copy, py::arg("allowed"),
-           "Whether a large all-gather may read peers' memory directly (probed at its first use); "
+           "This rank's vote on whether large all-gathers read peers' memory directly (decided at the first one); "
            "[Note: single copy between a host's ranks]")
       .def_property_readonly("single_copy", &ShmComm::single_copy,
-                             "0: not yet probed, 1: in use, 2: off (refused, or set_single_copy(False))")
+                             "0: not yet decided, 1: in use, 2: off (a rank did not allow it, or the kernel refused)")
       .def("set_host_cpus", &ShmComm::set_host_cpus, py::arg("cpus"),
            "Distinct cpus the host's ranks may run on together; waits spin only if every rank can have one")
       .def_property_readonly("spin", static_cast<bool (ShmComm::*)() const>(&ShmComm::spin))

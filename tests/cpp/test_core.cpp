@@ -299,15 +299,17 @@ static void test_p2p() {
 // The single-copy all-gather ([Note: single copy between a host's ranks], csrc/core/shm_single_copy.cpp)
 // against the same reference: blocks just under, at and over kSingleCopyMinBytes (the first runs staged,
 // the others single-copy), a prime count several times the threshold, in place and not, worlds 1-5;
-// then the same with single copy turned off (staged throughout), and a mismatch between a rank that
-// would read its peers directly and one that would stage.
+// then with single copy turned off on every rank, and on rank 0 alone (its vote turns it off everywhere:
+// staged throughout, never a rank staging while its peers read directly), and a mismatch between a
+// rank that would read its peers directly and one that would stage.
 static void test_single_copy() {
   int cases = 0;
-  for (bool allowed : {true, false}) {
+  for (int setting : {0, 1, 2}) {  // allowed everywhere, nowhere, everywhere but on rank 0
     for (int n = 1; n <= 5; ++n) {
       run_ranks(n, 4096, 30, [&](int rank, ShmComm& c) {
+        const bool allowed = setting == 0 || (setting == 2 && rank != 0);
         c.set_single_copy(allowed);
-        CHECK(c.single_copy() == (allowed ? 0 : 2), "rank %d: single_copy() before any call is %d", rank, c.single_copy());
+        CHECK(c.single_copy() == 0, "rank %d: single_copy() before any call is %d", rank, c.single_copy());
         for (DType t : {DType::F32, DType::BF16, DType::I64}) {
           const size_t es = dtype_size(t), at = kSingleCopyMinBytes / es;
           for (size_t count : {at - 1, at, 3 * at + 7, size_t(1000003)}) {
@@ -324,7 +326,7 @@ static void test_single_copy() {
             }
           }
         }
-        const int want = !allowed ? 2 : n == 1 ? 0 : 1;  // one rank gathers by memcpy: nothing to probe
+        const int want = n == 1 ? 0 : setting == 0 ? 1 : 2;  // one rank gathers by memcpy: nothing to decide
         CHECK(c.single_copy() == want, "rank %d of %d: single_copy() is %d, want %d", rank, n, c.single_copy(), want);
       });
     }
@@ -344,7 +346,7 @@ static void test_single_copy() {
     CHECK(out[0] == 1.0f && out[2 * big - 1] == 2.0f, "rank %d: all_gather after the mismatch gave %g, %g", rank,
           out[0], out[2 * big - 1]);
   });
-  std::printf("single copy: %d (world, dtype, count, placement) cases checked, on and off\n", cases);
+  std::printf("single copy: %d (world, dtype, count, placement) cases checked, on, off, and off on one rank\n", cases);
 }
 
 int main() {

@@ -48,7 +48,8 @@ class Config:
     single_copy: bool = True
     """RINGZERO_SINGLE_COPY: an all-gather of 64 KiB and more per rank reads each peer's block straight from
     the peer's memory (process_vm_readv: one copy instead of two through the staging slots), where the
-    kernel allows it (probed at the first such call; refused, everything stays staged). 0: always staged.
+    kernel allows it (the ranks vote at the first such call; one refusal, or one rank with 0, and every
+    rank stages). 0: this rank votes no.
     [Note: single copy between a host's ranks] in csrc/core/shm_single_copy.cpp."""
     debug: bool = False
     """RINGZERO_DEBUG: fingerprint every collective on the network paths too (one small all-gather per call)."""
