@@ -8,7 +8,8 @@
 // It spins only when every rank of the host can have a core of its own (ranks <= the cpus the host's
 // ranks may run on together: set_host_cpus) and the caller is blocked on the result (a synchronous call;
 // an async call's worker thread, or the c10d backend's, shares its core with the rank's compute, so it
-// sleeps at once: set_spin(false)). It spins for up to kSpinS, then sleeps. While spinning it calls
+// sleeps at once: set_spin(false), unless someone is blocked on its result: [Note: the caller runs its
+// own collective] in csrc/torch/backend_work.h). It spins for up to kSpinS, then sleeps. While spinning it calls
 // sched_yield only when the peer it waits for last ran on this very core (each rank publishes the core
 // it signalled from), after kYieldToPeerS: other load has put both ranks on one core, and the peer
 // needs it. It never yields otherwise. Why:

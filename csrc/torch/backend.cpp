@@ -143,7 +143,10 @@ void RingzeroBackend::rendezvous(const c10::intrusive_ptr<c10d::Store>& store) {
   // The worker thread waits while this rank's main thread computes (DDP's backward overlaps its
   // all-reduces): spinning would take that core, so it sleeps on the peer's futex at once. Measured
   // with benchmarks/ddp_backend.py on the shared 2-core machine (2026-11-21, then still a polling
-  // sleep): all-reduce of 13 MB at 2 ranks took 3.1 ms without spinning, 14.4 ms with it.
+  // sleep): all-reduce of 13 MB at 2 ranks took 3.1 ms without spinning, 14.4 ms with it. Each op
+  // sets it again: a caller blocked on the result spins ([Note: the caller runs its own collective]);
+  // whether spinning is allowed at all is judged by the cpus of the host's ranks together.
+  if (shm_ && config_.host_cpus > 0) shm_->set_host_cpus(config_.host_cpus);
   if (shm_) shm_->set_spin(false);
   if (shm_) shm_->set_single_copy(config_.single_copy);
   if (!error.empty()) {
@@ -232,22 +235,25 @@ void RingzeroBackend::close_cuda() {
   if (!lane) return;
   try {
     lane->synchronize();
-    if (shm_) enqueue(c10d::OpType::BARRIER, {}, to_ms(config_.timeout_s), [](ShmComm& c) { c.barrier(); })->wait();
+    if (shm_) enqueue(c10d::OpType::BARRIER, {}, CallOpts{to_ms(config_.timeout_s), false}, [](ShmComm& c) { c.barrier(); })->wait();
   } catch (const std::exception& e) {
     debug_log(std::string("closing the CUDA lane: ") + e.what());
   }
 }
 
 c10::intrusive_ptr<c10d::Work> RingzeroBackend::enqueue_on(SerialExecutor& executor, c10d::OpType type,
-                                                           std::vector<at::Tensor> outputs, std::function<void()> fn) {
-  return enqueue_on(executor, type, std::move(outputs), [fn = std::move(fn)](RingzeroWork&) { fn(); });
+                                                           std::vector<at::Tensor> outputs, std::function<void()> fn,
+                                                           bool now) {
+  return enqueue_on(executor, type, std::move(outputs), [fn = std::move(fn)](RingzeroWork&) { fn(); }, now);
 }
 
 c10::intrusive_ptr<c10d::Work> RingzeroBackend::enqueue_on(SerialExecutor& executor, c10d::OpType type,
                                                            std::vector<at::Tensor> outputs,
-                                                           std::function<void(RingzeroWork&)> fn) {
+                                                           std::function<void(RingzeroWork&)> fn, bool now) {
   auto work = c10::make_intrusive<RingzeroWork>(getRank(), type, outputs, ++seq_);
-  executor.submit([work, fn = std::move(fn)] {
+  // While queued, the task holds the Work and the Work the queue's state: a cycle that ends when the
+  // task is popped (run or drained by stop()), so nothing outlives the executor's end.
+  std::function<void()> task = [work, fn = std::move(fn)] {
     std::exception_ptr error;
     try {
       fn(*work);
@@ -255,7 +261,14 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::enqueue_on(SerialExecutor& execu
       error = std::current_exception();
     }
     work->complete(error);
-  });
+  };
+  // Only the collectives' executor runs ops on their callers' threads: a send run by its waiter would be
+  // fine too, but nothing measured asks for it ([Note: the caller runs its own collective], backend_work.h).
+  if (&executor != &executor_) {
+    executor.submit(std::move(task));
+  } else if (!(now && executor.run_if_idle(task))) {
+    work->set_helper(executor.state(), executor.submit(std::move(task)));
+  }
   return track(work);
 }
 
@@ -287,13 +300,15 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::endCoalescing() {
 }
 
 c10::intrusive_ptr<c10d::Work> RingzeroBackend::enqueue(c10d::OpType type, std::vector<at::Tensor> outputs,
-                                                        std::chrono::milliseconds timeout,
-                                                        std::function<void(ShmComm&)> fn) {
-  const double timeout_s = timeout.count() > 0 ? timeout.count() / 1000.0 : config_.timeout_s;
+                                                        CallOpts call, std::function<void(ShmComm&)> fn) {
+  const double timeout_s = call.timeout.count() > 0 ? call.timeout.count() / 1000.0 : config_.timeout_s;
   return enqueue_on(executor_, type, std::move(outputs), [this, timeout_s, fn = std::move(fn)] {
     shm_->set_timeout(timeout_s);
+    // Spin in the waits for peers only while this rank's caller is blocked on a result: run by the
+    // waiter itself, or by the worker while someone waits ([Note: the caller runs its own collective]).
+    shm_->set_spin(SerialExecutor::running_inline() || RingzeroWork::someone_waits(*executor_.state()));
     fn(*shm_);
-  });
+  }, !call.async_op);
 }
 
 void RingzeroBackend::shutdown() {

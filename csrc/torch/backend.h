@@ -40,7 +40,22 @@ struct BackendConfig {
   // The group's ranks are on several hosts: decided by the creator from the host exchange (the one
   // decision of the layout, comm/transports.py pick_transport); no shared-memory segment is made then.
   bool spans_hosts = false;
+  // The cpus this host's ranks may run on together (HostGroup.local_cpus): whether each can have a core of
+  // its own, which one rank's affinity no longer shows once a launcher bound it (ShmComm::set_host_cpus).
+  // 0: judge by this process's affinity.
+  int host_cpus = 0;
 };
+
+// What an op's options say about how it is run: its timeout, and whether the caller waits for it at
+// once (asyncOp false: torch's blocking form, whose Work it waits on before going on).
+struct CallOpts {
+  std::chrono::milliseconds timeout;
+  bool async_op = true;
+};
+template <class Options>
+CallOpts call_opts(const Options& opts) {
+  return {opts.timeout, opts.asyncOp};
+}
 
 class RingzeroBackend : public c10d::Backend {
  public:
@@ -140,16 +155,20 @@ class RingzeroBackend : public c10d::Backend {
   // the CUDA lane; `inputs` are the CUDA tensors read besides `outputs`. Defined in backend_ops.cpp.
   template <class Body>
   c10::intrusive_ptr<c10d::Work> submit(const at::Device& device, c10d::OpType type, std::vector<at::Tensor> outputs,
-                                        std::vector<at::Tensor> inputs, std::chrono::milliseconds timeout, Body body);
+                                        std::vector<at::Tensor> inputs, CallOpts call, Body body);
   // Queues fn(shm) on the collectives' worker thread; the returned Work completes with `outputs`.
-  c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, std::vector<at::Tensor> outputs,
-                                         std::chrono::milliseconds timeout, std::function<void(ShmComm&)> fn);
+  c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, std::vector<at::Tensor> outputs, CallOpts call,
+                                         std::function<void(ShmComm&)> fn);
   // Queues fn on `executor`; the returned Work completes with `outputs` (or fn's exception). The
-  // second form hands fn the Work (a receive from any source records its sender there).
+  // second form hands fn the Work (a receive from any source records its sender there). `now`: the
+  // caller waits for it at once, so it runs here when nothing is queued before it ([Note: the caller
+  // runs its own collective], backend_work.h).
   c10::intrusive_ptr<c10d::Work> enqueue_on(SerialExecutor& executor, c10d::OpType type,
-                                            std::vector<at::Tensor> outputs, std::function<void()> fn);
+                                            std::vector<at::Tensor> outputs, std::function<void()> fn,
+                                            bool now = false);
   c10::intrusive_ptr<c10d::Work> enqueue_on(SerialExecutor& executor, c10d::OpType type,
-                                            std::vector<at::Tensor> outputs, std::function<void(RingzeroWork&)> fn);
+                                            std::vector<at::Tensor> outputs, std::function<void(RingzeroWork&)> fn,
+                                            bool now = false);
   // Reads one message from `src` into `buf` on our channel, holding src's receive lock.
   void recv_from(const at::Tensor& buf, int src, double timeout_s);
   // The thread that carries messages to (sends) or from (recvs) `peer`, started on first use.

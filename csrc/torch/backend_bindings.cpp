@@ -102,20 +102,21 @@ void bind_backend(py::module_& m) {
   py::module_::import("torch._C._distributed_c10d");  // registers c10d.Backend, our base
   py::class_<ringzero::BackendConfig>(m, "BackendConfig", "What the c10d backend is built with (see backend.h)")
       .def(py::init([](std::string host_id, double timeout_s, size_t slot_bytes, int all_reduce_algo,
-                       bool spans_hosts, bool single_copy) {
+                       bool spans_hosts, bool single_copy, int host_cpus) {
              TORCH_CHECK_VALUE(all_reduce_algo >= 0 && all_reduce_algo < ringzero::kNumAllReduceAlgos,
                                "all_reduce_algo must be one of ringzero._C.ALL_REDUCE_ALGOS, got ", all_reduce_algo);
              return ringzero::BackendConfig{std::move(host_id), timeout_s, slot_bytes,
                                             static_cast<ringzero::AllReduceAlgo>(all_reduce_algo), single_copy,
-                                            spans_hosts};
+                                            spans_hosts, host_cpus};
            }),
            py::arg("host_id"), py::arg("timeout_s"), py::arg("slot_bytes"), py::arg("all_reduce_algo"),
-           py::arg("spans_hosts") = false, py::arg("single_copy") = true)
+           py::arg("spans_hosts") = false, py::arg("single_copy") = true, py::arg("host_cpus") = 0)
       .def_readonly("spans_hosts", &ringzero::BackendConfig::spans_hosts)
       .def_readonly("host_id", &ringzero::BackendConfig::host_id)
       .def_readonly("timeout_s", &ringzero::BackendConfig::timeout_s)
       .def_readonly("slot_bytes", &ringzero::BackendConfig::slot_bytes)
       .def_readonly("single_copy", &ringzero::BackendConfig::single_copy)
+      .def_readonly("host_cpus", &ringzero::BackendConfig::host_cpus)
       .def_property_readonly("all_reduce_algo",
                              [](const ringzero::BackendConfig& c) { return static_cast<int>(c.all_reduce_algo); });
   py::class_<RingzeroBackend, c10d::Backend, NoGilPtr<RingzeroBackend>>(m, "RingzeroBackend",

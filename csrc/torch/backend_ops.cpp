@@ -159,15 +159,15 @@ void split_into(const at::Tensor& flat, const std::vector<at::Tensor>& ts) {
 template <class Body>
 c10::intrusive_ptr<c10d::Work> RingzeroBackend::submit(const at::Device& device, c10d::OpType type,
                                                        std::vector<at::Tensor> outputs, std::vector<at::Tensor> inputs,
-                                                       std::chrono::milliseconds timeout, Body body) {
+                                                       CallOpts call, Body body) {
   if (device.is_cuda()) {  // route() set the lane up; the kernels' timeout is RINGZERO_TIMEOUT_S
     std::vector<at::Tensor> used = outputs;
     used.insert(used.end(), inputs.begin(), inputs.end());
     return track(cuda_->launch(type, std::move(outputs), used, ++seq_, [body](CudaComm& c) { body(c); }));
   }
   if (hosts_)  // a group spanning hosts: the engine's rings wait up to RINGZERO_TIMEOUT_S per call
-    return enqueue_on(executor_, type, std::move(outputs), [this, body] { body(hosts_); });
-  return enqueue(type, std::move(outputs), timeout, [body](ShmComm& c) { body(c); });
+    return enqueue_on(executor_, type, std::move(outputs), [this, body] { body(hosts_); }, !call.async_op);
+  return enqueue(type, std::move(outputs), call, [body](ShmComm& c) { body(c); });
 }
 
 c10::intrusive_ptr<c10d::Work> RingzeroBackend::allreduce(std::vector<at::Tensor>& tensors,
@@ -176,7 +176,7 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::allreduce(std::vector<at::Tensor
   const Reduction red = reduction(opts.reduceOp, tensors, "allreduce");
   if (auto* inner = route(t.device(), "allreduce", red.native_on(t))) return track(inner->allreduce(tensors, opts));
   const AllReduceAlgo algo = config_.all_reduce_algo;
-  return submit(t.device(), c10d::OpType::ALLREDUCE, {t}, {}, opts.timeout, [t, red, algo](auto& c) {
+  return submit(t.device(), c10d::OpType::ALLREDUCE, {t}, {}, call_opts(opts), [t, red, algo](auto& c) {
     at::Tensor buf = red.stage(t);
     c.all_reduce(buf.data_ptr(), buf.data_ptr(), buf.numel(), red.dtype, red.op, algo);
     write_back(t, buf);
@@ -191,7 +191,7 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::allreduce_coalesced(std::vector<
     return track(inner->allreduce_coalesced(tensors, opts));
   const AllReduceAlgo algo = config_.all_reduce_algo;
   // One collective over the concatenation: one synchronisation for many small tensors.
-  return submit(tensors[0].device(), c10d::OpType::ALLREDUCE_COALESCED, tensors, {}, opts.timeout,
+  return submit(tensors[0].device(), c10d::OpType::ALLREDUCE_COALESCED, tensors, {}, call_opts(opts),
                 [tensors, red, algo](auto& c) {
     std::vector<at::Tensor> staged;
     for (const auto& t : tensors) staged.push_back(red.premul ? red.stage(t) : t);
@@ -210,7 +210,7 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::reduce(std::vector<at::Tensor>& 
   const Reduction red = reduction(opts.reduceOp, tensors, "reduce");
   if (auto* inner = route(t.device(), "reduce", red.native_on(t))) return track(inner->reduce(tensors, opts));
   const int root = static_cast<int>(opts.rootRank);
-  return submit(t.device(), c10d::OpType::REDUCE, {t}, {}, opts.timeout, [t, red, root](auto& c) {
+  return submit(t.device(), c10d::OpType::REDUCE, {t}, {}, call_opts(opts), [t, red, root](auto& c) {
     at::Tensor buf = red.stage(t);
     c.reduce(buf.data_ptr(), buf.data_ptr(), buf.numel(), red.dtype, red.op, root);
     if (c.rank() == root) write_back(t, buf);
@@ -225,7 +225,7 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::broadcast(std::vector<at::Tensor
   TORCH_CHECK_VALUE(opts.rootTensor == 0, "ringzero broadcast: rootTensor must be 0 (one tensor per rank)");
   if (auto* inner = route(t.device(), "broadcast", dense(t))) return track(inner->broadcast(tensors, opts));
   const int root = static_cast<int>(opts.rootRank);
-  return submit(t.device(), c10d::OpType::BROADCAST, {t}, {}, opts.timeout, [t, root](auto& c) {
+  return submit(t.device(), c10d::OpType::BROADCAST, {t}, {}, call_opts(opts), [t, root](auto& c) {
     at::Tensor buf = t.contiguous();
     const Elements e = movement(t);
     c.broadcast(buf.data_ptr(), buf.numel() * e.per_element, e.dtype, root);
@@ -241,7 +241,7 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::_allgather_base(at::Tensor& outp
                     input.numel());
   if (auto* inner = route(input.device(), "all_gather_into_tensor", movable(input) && dense(output)))
     return track(inner->_allgather_base(output, input, opts));
-  return submit(input.device(), c10d::OpType::_ALLGATHER_BASE, {output}, {input}, opts.timeout,
+  return submit(input.device(), c10d::OpType::_ALLGATHER_BASE, {output}, {input}, call_opts(opts),
                 [output, input](auto& c) { all_gather_one(c, input, output); });
 }
 
@@ -260,7 +260,7 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::allgather_into_tensor_coalesced(
   }
   if (auto* inner = route(inputs[0].device(), "allgather_into_tensor_coalesced", ok))
     return track(inner->allgather_into_tensor_coalesced(outputs, inputs, opts));
-  return submit(inputs[0].device(), c10d::OpType::COALESCED, outputs, inputs, opts.timeout, [outputs, inputs](auto& c) {
+  return submit(inputs[0].device(), c10d::OpType::COALESCED, outputs, inputs, call_opts(opts), [outputs, inputs](auto& c) {
     for (size_t i = 0; i < inputs.size(); ++i) all_gather_one(c, inputs[i], outputs[i]);
   });
 }
@@ -285,7 +285,7 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::allgather(std::vector<std::vecto
   if (auto* inner = route(input.device(), "all_gather", ok && (even || !input.is_cuda())))
     return track(inner->allgather(outputs, inputs, opts));
   const std::vector<at::Tensor> outs = outputs[0];
-  return submit(input.device(), c10d::OpType::ALLGATHER, outs, {input}, opts.timeout, [outs, input, counts, even](auto& c) {
+  return submit(input.device(), c10d::OpType::ALLGATHER, outs, {input}, call_opts(opts), [outs, input, counts, even](auto& c) {
     const Elements e = movement(input);
     at::Tensor in = input.contiguous();
     const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
@@ -310,7 +310,7 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::_reduce_scatter_base(at::Tensor&
   const Reduction red = reduction(opts.reduceOp, {input}, "reduce_scatter_tensor");
   if (auto* inner = route(input.device(), "reduce_scatter_tensor", red.native_on(input) && dense(output)))
     return track(inner->_reduce_scatter_base(output, input, opts));
-  return submit(input.device(), c10d::OpType::_REDUCE_SCATTER_BASE, {output}, {input}, opts.timeout,
+  return submit(input.device(), c10d::OpType::_REDUCE_SCATTER_BASE, {output}, {input}, call_opts(opts),
                 [output, input, red](auto& c) { reduce_scatter_one(c, red, input, output); });
 }
 
@@ -329,7 +329,7 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::reduce_scatter_tensor_coalesced(
   for (const auto& o : outputs) ok = ok && dense(o);
   if (auto* inner = route(inputs[0].device(), "reduce_scatter_tensor_coalesced", ok))
     return track(inner->reduce_scatter_tensor_coalesced(outputs, inputs, opts));
-  return submit(inputs[0].device(), torch_compat::kReduceScatterTensorCoalesced, outputs, inputs, opts.timeout,
+  return submit(inputs[0].device(), torch_compat::kReduceScatterTensorCoalesced, outputs, inputs, call_opts(opts),
                 [outputs, inputs, red](auto& c) {
                    for (size_t i = 0; i < inputs.size(); ++i) reduce_scatter_one(c, red, inputs[i], outputs[i]);
                  });
@@ -349,7 +349,7 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::reduce_scatter(std::vector<at::T
   // Uneven blocks are the inner backend's (our reduce-scatter takes equal blocks).
   if (auto* inner = route(output.device(), "reduce_scatter", red.native_on(output) && even))
     return track(inner->reduce_scatter(outputs, inputs, opts));
-  return submit(output.device(), c10d::OpType::REDUCE_SCATTER, {output}, ins, opts.timeout, [output, ins, red](auto& c) {
+  return submit(output.device(), c10d::OpType::REDUCE_SCATTER, {output}, ins, call_opts(opts), [output, ins, red](auto& c) {
     std::vector<at::Tensor> staged;
     for (const auto& i : ins) staged.push_back(red.premul ? red.stage(i) : i);
     Reduction staged_red = red;
@@ -439,8 +439,8 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::barrier(const c10d::BarrierOptio
     return enqueue_on(executor_, c10d::OpType::BARRIER, {}, [this, cuda_done] {
       if (cuda_done) cuda_done();
       hosts_.barrier();
-    });
-  return enqueue(c10d::OpType::BARRIER, {}, opts.timeout, [cuda_done](ShmComm& c) {
+    }, !opts.asyncOp);
+  return enqueue(c10d::OpType::BARRIER, {}, call_opts(opts), [cuda_done](ShmComm& c) {
     if (cuda_done) cuda_done();
     c.barrier();
   });

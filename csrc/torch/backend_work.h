@@ -16,6 +16,132 @@
 
 namespace ringzero {
 
+// [Note: the caller runs its own collective]
+// Runs submitted tasks one at a time, in submission order, on one lazily started thread, or on a thread
+// that waits for one of them (help_until): every rank submits the same collectives in the same order,
+// so the shared-memory sequence stays matched whoever runs them, as long as two never run at once.
+// Why a waiter runs the op itself: handing it to the worker costs a wake-up of the worker, and one of
+// the waiter when it ends (tens of us each on a VM), and the worker, which shares its core with the
+// rank's compute, sleeps in every wait for a peer rather than spin (set_spin(false) in backend.cpp).
+// A caller blocked in Work.wait() computes nothing, so it may spin: a blocking 4 KiB dist.all_reduce
+// at 2 ranks went from 68.5 us to the numbers in benchmarks/RESULTS.md ("The swap-in door's own cost").
+// The worker still starts every op as soon as it can (DDP's and FSDP's overlap need it); whoever pops
+// a task first runs it, and a waiter that finds another thread running one waits as before.
+class SerialExecutor {
+ public:
+  // What a Work keeps of its executor, so that it can help after the backend has returned it.
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;                                   // the worker's: a task, or the end
+    std::deque<std::pair<uint64_t, std::function<void()>>> queue;  // (ticket, task)
+    uint64_t submitted = 0;                                       // tickets handed out, 1, 2, ...
+    bool running = false;                                         // a task runs now (worker or waiter)
+    bool stopped = false;
+    std::atomic<int> waiters{0};                                  // threads blocked in a Work's wait()
+  };
+
+  SerialExecutor() : state_(std::make_shared<State>()) {}
+  SerialExecutor(const SerialExecutor&) = delete;
+  SerialExecutor& operator=(const SerialExecutor&) = delete;
+  ~SerialExecutor() { stop(); }
+
+  const std::shared_ptr<State>& state() const { return state_; }
+
+  // Queues task; returns its ticket.
+  uint64_t submit(std::function<void()> task) {
+    State& s = *state_;
+    std::lock_guard<std::mutex> lock(s.mu);
+    TORCH_CHECK(!s.stopped, "ringzero backend was shut down; create a new process group");
+    if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+    s.queue.emplace_back(++s.submitted, std::move(task));
+    s.cv.notify_one();
+    return s.submitted;
+  }
+
+  // Runs task on the calling thread at once if nothing is queued or running (so the order holds) and
+  // returns true; false otherwise (then the caller queues it).
+  bool run_if_idle(const std::function<void()>& task) {
+    State& s = *state_;
+    {
+      std::lock_guard<std::mutex> lock(s.mu);
+      if (s.stopped || s.running || !s.queue.empty()) return false;
+      s.running = true;
+    }
+    run_here(s, task);
+    return true;
+  }
+
+  // Runs the tasks queued up to and including `ticket` on the calling thread, in order, while no other
+  // thread runs one; returns when `ticket` has left the queue (run here or taken by another thread,
+  // which the caller then waits for as usual). Runs nothing on a stopped executor.
+  static void help_until(State& s, uint64_t ticket) {
+    for (;;) {
+      std::function<void()> task;
+      {
+        std::lock_guard<std::mutex> lock(s.mu);
+        if (s.stopped || s.running || s.queue.empty() || s.queue.front().first > ticket) return;
+        task = std::move(s.queue.front().second);
+        s.queue.pop_front();
+        s.running = true;
+      }
+      run_here(s, task);
+    }
+  }
+
+  // True on a thread running a task for its caller (run_if_idle, help_until): that caller is blocked on
+  // the result.
+  static bool& running_inline() {
+    static thread_local bool flag = false;
+    return flag;
+  }
+
+  // Runs what is queued, then joins the thread (and waits for a task a waiter still runs). Later
+  // submits fail.
+  void stop() {
+    State& s = *state_;
+    {
+      std::lock_guard<std::mutex> lock(s.mu);
+      s.stopped = true;
+      s.cv.notify_all();
+    }
+    if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
+    std::unique_lock<std::mutex> lock(s.mu);
+    if (thread_.get_id() != std::this_thread::get_id()) s.cv.wait(lock, [&] { return !s.running; });
+  }
+
+ private:
+  static void run_here(State& s, const std::function<void()>& task) {
+    running_inline() = true;
+    task();  // tasks catch their own errors and hand them to their Work
+    running_inline() = false;
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.running = false;
+    if (s.stopped || !s.queue.empty()) s.cv.notify_all();  // the worker's turn, or a stop() waiting
+  }
+
+  void loop() {
+    State& s = *state_;
+    for (;;) {
+      std::function<void()> task;
+      {
+        std::unique_lock<std::mutex> lock(s.mu);
+        s.cv.wait(lock, [&] { return !s.running && (s.stopped || !s.queue.empty()); });
+        if (s.queue.empty()) return;  // stopped and drained
+        task = std::move(s.queue.front().second);
+        s.queue.pop_front();
+        s.running = true;
+      }
+      task();  // tasks catch their own errors and hand them to their Work
+      std::lock_guard<std::mutex> lock(s.mu);
+      s.running = false;
+      s.cv.notify_all();  // a stop() waiting for the last task
+    }
+  }
+
+  std::shared_ptr<State> state_;
+  std::thread thread_;
+};
+
 // What every Work of the backend carries: the tensors the collective writes, which are its future's
 // value (a list of tensors, the type gloo's and NCCL's futures carry) and stay alive until completion;
 // the future (CUDA-aware, on `devices`, for the CUDA lane); the sequence number.
@@ -63,7 +189,22 @@ class RingzeroWork : public OutputsWork {
     return source_rank_;
   }
 
+  // The executor it was queued on and its ticket there, for a wait() that runs it (help_until).
+  void set_helper(std::shared_ptr<SerialExecutor::State> state, uint64_t ticket) {
+    helper_ = std::move(state);
+    ticket_ = ticket;
+  }
+  // Whether a thread is blocked in wait() on a Work of this executor (its worker may then spin).
+  static bool someone_waits(const SerialExecutor::State& s) { return s.waiters.load(std::memory_order_relaxed) > 0; }
+
   bool wait(std::chrono::milliseconds timeout) override {
+    // With a timeout given to wait(), an op run here could not end at it: only the worker runs it then.
+    if (helper_ && timeout == kNoTimeout) SerialExecutor::help_until(*helper_, ticket_);
+    struct Waiting {  // counted while blocked below
+      std::atomic<int>* n;
+      explicit Waiting(std::atomic<int>* n) : n(n) { if (n) n->fetch_add(1); }
+      ~Waiting() { if (n) n->fetch_sub(1); }
+    } waiting(helper_ ? &helper_->waiters : nullptr);
     std::unique_lock<std::mutex> lock(mutex_);
     if (timeout == kNoTimeout) {
       // Not unbounded: every shared-memory wait ends in a CommTimeout after the op's timeout.
@@ -78,6 +219,8 @@ class RingzeroWork : public OutputsWork {
   }
  private:
   std::atomic<int> source_rank_{-1};
+  std::shared_ptr<SerialExecutor::State> helper_;
+  uint64_t ticket_ = 0;
 };
 
 // What endCoalescing() returns ([Note: coalescing] in backend.h): one Work over the ops issued between
@@ -177,55 +320,6 @@ class CoalescedWork : public c10d::Work {
   std::vector<c10::intrusive_ptr<c10d::Work>> parts_;
   std::mutex future_mu_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;  // made at the first getFuture()
-};
-
-// Runs submitted tasks one at a time, in submission order, on one lazily started thread. Every rank
-// submits the same collectives in the same order, so the shared-memory sequence stays matched.
-class SerialExecutor {
- public:
-  SerialExecutor() = default;
-  SerialExecutor(const SerialExecutor&) = delete;
-  SerialExecutor& operator=(const SerialExecutor&) = delete;
-  ~SerialExecutor() { stop(); }
-
-  void submit(std::function<void()> task) {
-    std::lock_guard<std::mutex> lock(mu_);
-    TORCH_CHECK(!stopped_, "ringzero backend was shut down; create a new process group");
-    if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
-    queue_.push_back(std::move(task));
-    cv_.notify_one();
-  }
-
-  // Runs what is queued, then joins the thread. Later submits fail.
-  void stop() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stopped_ = true;
-      cv_.notify_one();
-    }
-    if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
-  }
-
- private:
-  void loop() {
-    for (;;) {
-      std::function<void()> task;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stopped_ || !queue_.empty(); });
-        if (queue_.empty()) return;  // stopped and drained
-        task = std::move(queue_.front());
-        queue_.pop_front();
-      }
-      task();  // tasks catch their own errors and hand them to their Work
-    }
-  }
-
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;
-  bool stopped_ = false;
-  std::thread thread_;
 };
 
 }  // namespace ringzero

@@ -37,14 +37,16 @@ from .types import ReduceOp
 BACKEND_NAME = "ringzero"
 
 
-def backend_config(config: Config, timeout: datetime.timedelta, spans_hosts: bool = False) -> "_C.BackendConfig":
+def backend_config(config: Config, timeout: datetime.timedelta, spans_hosts: bool = False,
+                   host_cpus: int = 0) -> "_C.BackendConfig":
     """What the C++ backend takes from the validated configuration: the host identity, RINGZERO_TIMEOUT_S
     when set (else the timeout given to init_process_group / new_group), the shared-memory slot, the
-    all-reduce algorithm, single copy, and whether the group spans hosts (decided here, from the HostGroup's topology:
-    the C++ side never decides it)."""
+    all-reduce algorithm, single copy, whether the group spans hosts (decided here, from the HostGroup's topology:
+    the C++ side never decides it) and the cpus the host's ranks run on together (HostGroup.local_cpus: whether
+    a rank blocked on its result may spin)."""
     return _C.BackendConfig(host_id=host_id(config.host_id), timeout_s=config.timeout_or(timeout.total_seconds()),
                             slot_bytes=config.shm_buffer_bytes, all_reduce_algo=config.algo_code,
-                            spans_hosts=spans_hosts, single_copy=config.single_copy)
+                            spans_hosts=spans_hosts, single_copy=config.single_copy, host_cpus=host_cpus)
 
 
 _ENGINES: list = []  # weak references to this process's engines (hosts_engines())
@@ -158,7 +160,7 @@ def _create_backend(dist_opts, backend_options=None):
     hg = HostGroup.from_store(dist.PrefixStore("placement/", store), rank, size, env, timeout_s,
                               "ringzero: setting up the backend (init_process_group / new_group)")
     spans_hosts = layout(hg.topology, size) in (HIERARCHICAL, RING)
-    config = backend_config(env, timeout, spans_hosts)
+    config = backend_config(env, timeout, spans_hosts, hg.local_cpus)
     gloo = ProcessGroupGloo(dist.PrefixStore("gloo/", store), rank, size, timeout)
     engine = None
     if spans_hosts:  # its own gloo: the engine's tags and ordering never meet the inner backend's ops
