@@ -180,16 +180,20 @@ c10d::Backend* RingzeroBackend::route(const at::Device& device, const char* op, 
   }
   if (device.is_cuda()) {
     CudaLane* lane = cuda_lane(device, op, collective);
-    if (lane && !lane->peers().spans_hosts && native_ok) {
+    // Across hosts only with the engine the setup handed over (the transport ringzero.* runs there).
+    if (lane && (!lane->peers().spans_hosts || lane->peers().engine) && native_ok) {
       count(true, device.type(), op);
       return nullptr;
     }
     TORCH_CHECK_VALUE(!(lane && lane->peers().shares_gpu), "ringzero ", op, ": ringzero's CUDA kernels do not run ",
-                      "this op with these arguments (an op, dtype, reduce op or layout they lack, or uneven sizes), and "
-                      "the inner NCCL backend cannot: ranks of this group share one GPU. Use CPU tensors for this op, "
-                      "or one GPU per rank");
+                      lane && lane->peers().spans_hosts
+                          ? "CUDA ops of a group spanning hosts whose ranks share a GPU (its NCCL rings cannot), "
+                          : "this op with these arguments (an op, dtype, reduce op or layout they lack, or uneven "
+                            "sizes), ",
+                      "and the inner NCCL backend cannot: ranks of this group share one GPU. Use CPU tensors for this "
+                      "op, or one GPU per rank");
     TORCH_CHECK_VALUE(cuda_fallback_, "ringzero ", op, ": got a CUDA tensor that ringzero's CUDA kernels do not take ",
-                      lane ? "(an op, dtype, reduce op or layout they lack, uneven sizes, or a group spanning hosts)"
+                      lane ? "(an op, dtype, reduce op or layout they lack, or uneven sizes)"
                            : "(this build or machine has no CUDA path)",
                       ", and this process group has no NCCL backend to hand it to (torch without NCCL, or no GPU "
                       "when the group was created); use CPU tensors or init_process_group('cpu:ringzero,cuda:nccl')");

@@ -67,12 +67,16 @@ ringzero::CudaSetup cuda_setup_of(py::object fn) {
   };
 }
 
-// The Python HostsEngine (comm/backend.py) as the backend's HostsEngine: called on the backend's worker
-// thread, which takes the GIL for the call (the engine's waits on gloo release it again). What the
-// engine raises comes back as the core's error of the same kind (module.cpp maps those to
-// ringzero.CommTimeout and ringzero.CollectiveMismatch), its message kept, so that Work.wait() says what
-// the engine said. Dropped with the GIL held, and leaked if Python is already finalising.
-ringzero::HostsEngine hosts_engine_of(py::object engine) {
+}  // namespace
+
+// The Python HostsEngine (comm/backend.py) as the backend's HostsEngine, and the CUDA one as its CUDA
+// lane's (cuda_bindings.cpp): called on the backend's worker thread or the caller's, which takes the GIL
+// for the call (the engine's waits on gloo release it again). What the engine raises comes back as the
+// core's error of the same kind (module.cpp maps those to ringzero.CommTimeout and
+// ringzero.CollectiveMismatch), its message kept, so that Work.wait() says what the engine said. Dropped
+// with the GIL held, and leaked if Python is already finalising.
+namespace ringzero {
+HostsEngine hosts_engine_of(py::object engine) {
   if (engine.is_none()) return {};
   std::shared_ptr<py::object> held = held_with_gil(std::move(engine));
   return [held](const std::string& op, const std::vector<at::Tensor>& tensors, const std::vector<int64_t>& args) {
@@ -92,8 +96,7 @@ ringzero::HostsEngine hosts_engine_of(py::object engine) {
     throw ringzero::CommError("ringzero " + op + " across hosts failed: " + kind + ": " + message);
   };
 }
-
-}  // namespace
+}  // namespace ringzero
 
 PYBIND11_DECLARE_HOLDER_TYPE(T, NoGilPtr<T>, true)
 
@@ -128,7 +131,7 @@ void bind_backend(py::module_& m) {
              TORCH_CHECK_VALUE(hosts_engine.is_none() || config.spans_hosts, "hosts_engine is for a group that spans "
                                "hosts; pass config.spans_hosts=True with it, or no engine");
              ringzero::CudaSetup setup = cuda_setup_of(std::move(cuda_setup));
-             ringzero::HostsEngine engine = hosts_engine_of(std::move(hosts_engine));
+             ringzero::HostsEngine engine = ringzero::hosts_engine_of(std::move(hosts_engine));
              py::gil_scoped_release nogil;  // the rendezvous waits for every rank
              return NoGilPtr<RingzeroBackend>(c10::make_intrusive<RingzeroBackend>(
                  share(store), rank, size, config, share(cpu_fallback), share(cuda_fallback), std::move(setup),

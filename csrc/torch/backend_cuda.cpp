@@ -54,12 +54,11 @@ class Event {
   cudaEvent_t event_ = nullptr;
 };
 
-class PeerCollectives final : public CudaComm {
+// ShmComm's vocabulary on the lane's stream, over `run`, one collective of the CUDA transport: the peer
+// kernels (one host) or the engine (several hosts).
+class LaneCollectives : public CudaComm {
  public:
-  PeerCollectives(std::shared_ptr<cuda::PeerComm> peer, at::Device device, c10::cuda::CUDAStream stream)
-      : peer_(std::move(peer)), device_(device), stream_(stream) {}
-
-  int rank() const override { return peer_ ? peer_->rank() : 0; }
+  LaneCollectives(at::Device device, c10::cuda::CUDAStream stream) : device_(device), stream_(stream) {}
 
   void all_reduce(const void* in, void* out, size_t count, DType dtype, ReduceOp op, AllReduceAlgo algo) override {
     run(cuda::Coll::AllReduce, in, out, count, dtype, op, static_cast<cuda::Algo>(algo));
@@ -83,7 +82,7 @@ class PeerCollectives final : public CudaComm {
   // zeros from every other rank is exact for any dtype. Costs an all-reduce (no broadcast kernel yet).
   void broadcast(void* buf, size_t count, DType dtype, int root) override {
     const size_t bytes = count * dtype_size(dtype);
-    if (bytes == 0 || !peer_) return;
+    if (bytes == 0 || alone()) return;
     at::Tensor words = at::zeros({static_cast<int64_t>((bytes + 3) / 4)}, options(at::kInt));
     if (rank() == root) copy(words.data_ptr(), buf, bytes);
     run(cuda::Coll::AllReduce, words.data_ptr(), words.data_ptr(), words.numel(), DType::I32, ReduceOp::Sum,
@@ -97,23 +96,71 @@ class PeerCollectives final : public CudaComm {
     all_reduce(in, scratch.data_ptr(), count, dtype, op, AllReduceAlgo::Auto);
   }
 
- private:
+ protected:
+  virtual bool alone() const = 0;  // a group of one rank: every collective is a copy
+  // One collective, `count` elements per rank (shapes as cuda::run_collective), queued on the lane's stream.
+  virtual void run(cuda::Coll coll, const void* in, void* out, size_t count, DType dtype, ReduceOp op,
+                   cuda::Algo algo) = 0;
   at::TensorOptions options(at::ScalarType t) const { return at::TensorOptions().dtype(t).device(device_); }
   void copy(void* dst, const void* src, size_t bytes) {
     if (dst != src && bytes) cuda_ok(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_.stream()),
                                      "cudaMemcpyAsync");
   }
-  // One peer collective, `count` elements per rank (shapes as cuda::run_collective); a group of one
-  // rank copies its input.
-  void run(cuda::Coll coll, const void* in, void* out, size_t count, DType dtype, ReduceOp op, cuda::Algo algo) {
+
+  at::Device device_;
+  c10::cuda::CUDAStream stream_;
+};
+
+// One host: the peer-memory kernels over CUDA IPC.
+class PeerCollectives final : public LaneCollectives {
+ public:
+  PeerCollectives(std::shared_ptr<cuda::PeerComm> peer, at::Device device, c10::cuda::CUDAStream stream)
+      : LaneCollectives(device, stream), peer_(std::move(peer)) {}
+  int rank() const override { return peer_ ? peer_->rank() : 0; }
+
+ private:
+  bool alone() const override { return !peer_; }
+  void run(cuda::Coll coll, const void* in, void* out, size_t count, DType dtype, ReduceOp op,
+           cuda::Algo algo) override {
     if (count == 0) return;
     if (!peer_) return copy(out, in, count * dtype_size(dtype));
     peer_->run(coll, in, out, count, dtype, op, algo, stream_.stream());
   }
 
   std::shared_ptr<cuda::PeerComm> peer_;
-  at::Device device_;
-  c10::cuda::CUDAStream stream_;
+};
+
+// Several hosts: the engine (CudaHostsEngine in comm/backend.py), called with the lane's stream current
+// (PeerLane::launch), on CUDA views of the staged buffers: engine(op, tensors, args) as HostsComm calls
+// the CPU one (backend_hosts.h).
+class EngineCollectives final : public LaneCollectives {
+ public:
+  EngineCollectives(const CudaPeers& peers, at::Device device, c10::cuda::CUDAStream stream)
+      : LaneCollectives(device, stream), engine_(peers.engine), rank_(peers.rank), size_(peers.size) {}
+  int rank() const override { return rank_; }
+
+ private:
+  bool alone() const override { return size_ == 1; }
+  void run(cuda::Coll coll, const void* in, void* out, size_t count, DType dtype, ReduceOp op, cuda::Algo) override {
+    if (count == 0) return;
+    const int64_t o = static_cast<int64_t>(op);
+    switch (coll) {
+      case cuda::Coll::AllReduce:
+        copy(out, in, count * dtype_size(dtype));
+        return engine_("all_reduce", {view(out, count, dtype)}, {o});
+      case cuda::Coll::ReduceScatter:
+        return engine_("reduce_scatter", {view(out, count, dtype), view(in, count * size_, dtype)}, {o});
+      case cuda::Coll::AllGather:
+        return engine_("all_gather", {view(out, count * size_, dtype), view(in, count, dtype)}, {});
+    }
+    throw InvalidArgument("ringzero CUDA: unknown collective for the engine across hosts");
+  }
+  at::Tensor view(const void* p, size_t count, DType dtype) const {
+    return at::from_blob(const_cast<void*>(p), {static_cast<int64_t>(count)}, options(scalar_type_of(dtype)));
+  }
+
+  HostsEngine engine_;
+  int rank_, size_;
 };
 
 // A CUDA collective in flight: complete for torch once its end event is recorded (the future is
@@ -153,8 +200,13 @@ class PeerLane final : public CudaLane {
       : peers_(std::move(peers)),
         device_(at::kCUDA, static_cast<c10::DeviceIndex>(device_index)),
         // One stream for all of this group's CUDA ops: PeerComm needs its launches in one order.
-        stream_(c10::cuda::getStreamFromPool(false, device_.index())),
-        comm_(peers_.peer, device_, stream_) {}
+        stream_(c10::cuda::getStreamFromPool(false, device_.index())) {
+    if (peers_.engine) {
+      comm_ = std::make_unique<EngineCollectives>(peers_, device_, stream_);
+    } else {
+      comm_ = std::make_unique<PeerCollectives>(peers_.peer, device_, stream_);
+    }
+  }
 
   c10::intrusive_ptr<c10d::Work> launch(c10d::OpType type, std::vector<at::Tensor> outputs,
                                         const std::vector<at::Tensor>& tensors, uint64_t seq,
@@ -163,12 +215,13 @@ class PeerLane final : public CudaLane {
     c10::cuda::CUDAGuard guard(device_);
     follow_current();
     {
-      c10::cuda::CUDAStreamGuard on_lane(stream_);  // staging tensors of fn are the lane stream's
-      fn(comm_);
+      // Staging tensors of fn are the lane stream's, and the engine queues its work on it.
+      c10::cuda::CUDAStreamGuard on_lane(stream_);
+      fn(*comm_);
     }
     for (const auto& t : tensors)
       if (t.defined() && t.numel() > 0) t.record_stream(stream_.unwrap());
-    return c10::make_intrusive<CudaWork>(peers_.peer ? peers_.peer->rank() : 0, type, std::move(outputs), seq,
+    return c10::make_intrusive<CudaWork>(comm_->rank(), type, std::move(outputs), seq,
                                          device_, stream_, peers_.peer, peers_.blocking_wait);
   }
 
@@ -194,7 +247,7 @@ class PeerLane final : public CudaLane {
   CudaPeers peers_;
   at::Device device_;
   c10::cuda::CUDAStream stream_;
-  PeerCollectives comm_;
+  std::unique_ptr<LaneCollectives> comm_;
 };
 
 }  // namespace

@@ -18,10 +18,14 @@
 // the caller's current stream; Work::wait() makes the caller's current stream wait for the op's end
 // event (no host wait), and the Work's future is CUDA-aware, completed on the side stream, as
 // ProcessGroupNCCL's is. One op body serves both devices: CudaComm speaks ShmComm's vocabulary.
-// What is not ours: groups spanning hosts (the NCCL ring driver is not wired into the backend yet),
-// dtypes and reduce ops the CUDA kernels lack, uneven all-gathers, send/recv and the always-handed-on
-// ops go to the inner NCCL backend; where NCCL cannot serve (ranks sharing one GPU, or no NCCL) the op
-// raises a ValueError naming it.
+// A group spanning hosts: the setup also hands over an engine (comm/backend.py CudaHostsEngine), the CUDA
+// transport ringzero.* runs for that layout (comm/cuda.py: IPC in the host and NCCL rings across hosts,
+// or the flat NCCL ring), and the lane calls it for all-reduce, reduce-scatter and all-gather with the
+// lane's stream current, so its kernels and NCCL calls queue there like the peer kernels ([Note: one
+// engine behind every door], docs/design.md); broadcast and reduce run as all-reduces, as on one host.
+// What is not ours: dtypes and reduce ops the CUDA kernels lack, uneven all-gathers, send/recv and the
+// always-handed-on ops go to the inner NCCL backend; where NCCL cannot serve (ranks sharing one GPU, or
+// no NCCL) the op raises a ValueError naming it.
 #pragma once
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
@@ -32,6 +36,7 @@
 #include <string>
 #include <vector>
 
+#include "backend_hosts.h"
 #include "core/types.h"
 
 namespace ringzero {
@@ -41,10 +46,15 @@ class PeerComm;
 
 // What the setup function returns (ringzero._C.CudaBackendPeers).
 struct CudaPeers {
-  std::shared_ptr<cuda::PeerComm> peer;  // this rank's opened communicator; null when the group has one rank
-  bool spans_hosts = false;    // the group spans hosts: its CUDA ops go to the inner NCCL backend
+  // This rank's opened IPC communicator among its host's ranks; null when it is alone on its host.
+  std::shared_ptr<cuda::PeerComm> peer;
+  bool spans_hosts = false;    // the group spans hosts: its CUDA collectives go to `engine`
   bool shares_gpu = false;     // two ranks of the group share a GPU: NCCL cannot serve this group
   bool blocking_wait = false;  // RINGZERO_CUDA_BLOCKING_WAIT: Work::wait() also waits on the host
+  // A group spanning hosts: the CUDA transport of its layout (see the Note), taking CUDA tensors; empty
+  // otherwise, and then the group's CUDA ops go to the inner NCCL backend.
+  HostsEngine engine;
+  int rank = 0, size = 1;  // this rank and the group's size (the engine's views need them)
 };
 // Called once, at the group's first CUDA collective, with that tensor's device index.
 using CudaSetup = std::function<CudaPeers(int device_index)>;

@@ -25,6 +25,10 @@ void bind_cuda(py::module_& m) {
 
 #include "backend_cuda.h"
 #include "core/errors.h"
+
+namespace ringzero {
+HostsEngine hosts_engine_of(py::object engine);  // backend_bindings.cpp
+}
 #include "cuda/peer_comm.h"
 #include "cuda/reduce.h"
 #include "nccl/ring_driver.h"
@@ -235,11 +239,18 @@ void bind_cuda(py::module_& m) {
 
   py::class_<CudaPeers>(m, "CudaBackendPeers",
                         "What the c10d backend's CUDA setup hands over (backend_cuda.h, comm/backend.py)")
-      .def(py::init([](py::object peer, bool spans_hosts, bool shares_gpu, bool blocking_wait) {
+      .def(py::init([](py::object peer, bool spans_hosts, bool shares_gpu, bool blocking_wait, py::object engine,
+                       int rank, int size) {
+             TORCH_CHECK_VALUE(engine.is_none() || spans_hosts, "engine is for a group that spans hosts; pass "
+                               "spans_hosts=True with it, or no engine");
              auto shared = peer.is_none() ? nullptr : peer.cast<std::shared_ptr<cuda::PeerComm>>();
-             return CudaPeers{std::move(shared), spans_hosts, shares_gpu, blocking_wait};
+             return CudaPeers{std::move(shared), spans_hosts, shares_gpu, blocking_wait,
+                              ringzero::hosts_engine_of(std::move(engine)), rank, size};
            }),
-           py::arg("peer"), py::arg("spans_hosts"), py::arg("shares_gpu"), py::arg("blocking_wait"))
+           py::arg("peer"), py::arg("spans_hosts"), py::arg("shares_gpu"), py::arg("blocking_wait"),
+           py::arg("engine") = py::none(), py::arg("rank") = 0, py::arg("size") = 1,
+           "engine(op, tensors, args): the CUDA collectives of a group spanning hosts (comm/backend.py "
+           "CudaHostsEngine); rank and size: this rank's and the group's")
       .def_readonly("spans_hosts", &CudaPeers::spans_hosts)
       .def_readonly("shares_gpu", &CudaPeers::shares_gpu);
 

@@ -39,3 +39,13 @@ def test_compiled_stock_ddp_matches_one_process(world):
 def test_rank_missing_at_the_cuda_rendezvous_raises_comm_timeout():
     out = run_script("run_cuda_backend.py", "3", "absent", timeout_s=120)
     assert "ok 3 ranks absent" in out, out
+
+
+@gpu
+def test_group_spanning_hosts_on_one_gpu_says_nccl_cannot_serve():
+    """Two ranks on forced hosts of their own, one GPU: the CUDA lane across hosts (the NCCL rings of
+    comm/cuda.py) cannot be set up for ranks sharing a GPU, so CUDA collectives raise a ValueError saying
+    why, and the group's CPU collectives still run on ringzero's engine. The lane's collectives across hosts
+    themselves need one GPU per rank, which no machine of ours has (docs/backend.md)."""
+    out = run_script("run_cuda_backend.py", "2", "hosts", timeout_s=120)
+    assert "ok 2 ranks hosts" in out, out

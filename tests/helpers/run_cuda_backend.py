@@ -6,7 +6,10 @@ tests/cuda/test_backend_cuda.py in a fresh interpreter (python tests/helpers/run
   train:  stock DDP (built-in reduction, and torch's allreduce comm hook) and stock FSDP2 against one
           process training on the whole batch (run_backend_train.train_whole_batch);
   absent: the last rank never comes to the first CUDA collective (the CUDA rendezvous): the others
-          raise ringzero.CommTimeout naming it.
+          raise ringzero.CommTimeout naming it;
+  hosts:  the ranks on forced hosts of their own (a group spanning hosts): its CUDA collectives would
+          run on the CUDA engine across hosts (NCCL rings), which NCCL refuses for ranks sharing a GPU, so
+          each must raise a ValueError saying so, and the group's CPU collectives still run on the engine.
 Prints 'ok N ranks MODE'."""
 import os
 import sys
@@ -214,9 +217,29 @@ def absent(rank, world):
     return True
 
 
+def hosts(rank, world):
+    import ringzero
+
+    torch.cuda.set_device(0)
+    g = dist.new_group(backend="ringzero")
+    for call in (lambda: dist.all_reduce(torch.ones(8, device="cuda"), group=g),
+                 lambda: dist.all_gather_into_tensor(torch.empty(8 * world, device="cuda"),
+                                                     torch.ones(8, device="cuda"), group=g)):
+        with pytest.raises(ValueError, match="spanning hosts whose ranks share a GPU"):
+            call()
+    x = torch.full((1031,), float(rank))
+    dist.all_reduce(x, group=g)
+    assert bool((x == sum(range(world))).all()), x[:4]
+    assert ringzero.backend_stats(g)["native"].get("allreduce", 0) == 1, ringzero.backend_stats(g)
+    return True
+
+
 if __name__ == "__main__":
     world, mode = int(sys.argv[1]), sys.argv[2]
     env = dict(SMALL, RINGZERO_TIMEOUT_S="3") if mode == "absent" else SMALL
-    results = run_ranks(world, {"ops": ops, "train": train, "train_compiled": train_compiled, "absent": absent}[mode], env=env, timeout_s=540)
+    if mode == "hosts":
+        env = dict(SMALL, RINGZERO_HOST_IDS=",".join(f"h{r}" for r in range(world)))
+    modes = {"ops": ops, "train": train, "train_compiled": train_compiled, "absent": absent, "hosts": hosts}
+    results = run_ranks(world, modes[mode], env=env, timeout_s=540)
     assert all(results), results
     print(f"ok {world} ranks {mode}: {results[0]}")

@@ -120,7 +120,7 @@ def test_tests_share_helpers_through_helper_modules_not_test_files():
 
 
 TRANSPORT_CLASSES = {"Solo", "SharedMemory", "NetworkRing", "Hierarchical", "CudaPeers", "CudaRing", "CudaHierarchical"}
-TRANSPORT_MAKERS = {("transports.py", "pick_transport"), ("cuda.py", "_pick_transport")}
+TRANSPORT_MAKERS = {("transports.py", "pick_transport"), ("cuda.py", "cuda_transport")}
 
 
 def layout_decisions(sources: dict[str, str]) -> dict:
@@ -149,14 +149,15 @@ def layout_decisions(sources: dict[str, str]) -> dict:
 def test_one_place_decides_how_collectives_travel_for_every_door():
     """[Note: one engine behind every door] (docs/design.md): transports.layout() is the one decision of how
     a group's collectives travel. Only transports.pick_transport (CPU: the Communicator behind ringzero.*
-    and patch(), and the swap-in backend's engine across hosts) and cuda.CudaPath._pick_transport (CUDA)
-    make transports, both from layout(); the backend's creator and its CUDA setup tell the C++ side
+    and patch(), and the swap-in backend's engine across hosts) and cuda.cuda_transport (CUDA: the
+    Communicator's CUDA path and the backend's CUDA lane across hosts) make transports, both from layout();
+    the backend's creator and its CUDA setup tell the C++ side
     spans_hosts from layout() too; nothing but layout() reads a topology's single_host or hierarchical
     (topology.py computes them); and the C++ backend no longer compares host ids to decide for itself."""
     sources = {p.name: p.read_text() for p in sorted(COMM.glob("*.py"))}
     found = layout_decisions(sources)
     assert found["made"] == TRANSPORT_MAKERS, found["made"]
-    # (cuda.py's _pick_transport reads the layout its __init__ took)
+    # (cuda.py's cuda_transport takes the layout its callers read)
     assert {("transports.py", "pick_transport"), ("backend.py", "_create_backend"), ("backend.py", "__call__"),
             ("communicator.py", "__init__"), ("cuda.py", "__init__")} <= found["layout"], found["layout"]
     assert {r for r in found["read"] if r[0] != "topology.py"} == {("transports.py", "layout")}, found["read"]

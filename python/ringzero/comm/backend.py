@@ -14,7 +14,8 @@ A group that spans hosts gets a HostsEngine: the same transport ringzero.* runs 
 (transports.pick_transport: shared memory in each host and the pipelined rings between hosts, or the
 flat ring), over a gloo backend of its own for the bytes between hosts. The C++ backend hands it the
 CPU collectives it would run on shared memory for a group on one host ([Note: one engine behind every
-door], docs/design.md).
+door], docs/design.md); its CUDA collectives go to a CudaHostsEngine, the CUDA transport ringzero.* runs
+for that layout (IPC in the host, NCCL rings across hosts).
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ import torch.distributed as dist
 from .. import _C
 from .communicator import host_segment
 from .config import Config, from_env
-from .cuda import finish_setup, open_ipc_peers
+from .cuda import cuda_transport, finish_setup, nccl_rings, open_ipc_peers
 from .host_group import HostGroup
 from .ring import BackendLink, P2PRing
 from .topology import host_id
@@ -73,7 +74,7 @@ class HostsEngine:
       reduce          [x]              [root, reduce op]    the result lands on root
       barrier         []               []
 
-    CUDA tensors of such a group are not the engine's: the backend hands them to NCCL.
+    CUDA tensors of such a group are CudaHostsEngine's (below).
     """
 
     def __init__(self, hg: HostGroup, config: Config, link_backend, timeout_s: float):
@@ -92,21 +93,44 @@ class HostsEngine:
 
     def __call__(self, op: str, tensors: list, args: list):
         self.running.seq += 1
-        t = self.transport
-        if op == "all_reduce":
-            t.all_reduce(tensors[0], ReduceOp(args[0]))
-        elif op == "reduce_scatter":
-            t.reduce_scatter(tensors[0], tensors[1], ReduceOp(args[0]))
-        elif op == "all_gather":
-            t.all_gather(tensors[0], tensors[1], list(args) if args else None)
-        elif op == "broadcast":
-            t.broadcast(tensors[0], args[0])
-        elif op == "reduce":
-            t.reduce(tensors[0], args[0], ReduceOp(args[1]))
-        elif op == "barrier":
-            t.barrier()
-        else:
-            raise ValueError(f"ringzero backend engine: unknown op {op!r}")
+        run_engine_op(self.transport, op, tensors, args)
+
+
+def run_engine_op(t, op: str, tensors: list, args: list):
+    """One call of the C++ backend to an engine (HostsEngine's table above) on transport `t`."""
+    if op == "all_reduce":
+        t.all_reduce(tensors[0], ReduceOp(args[0]))
+    elif op == "reduce_scatter":
+        t.reduce_scatter(tensors[0], tensors[1], ReduceOp(args[0]))
+    elif op == "all_gather":
+        t.all_gather(tensors[0], tensors[1], list(args) if args else None)
+    elif op == "broadcast":
+        t.broadcast(tensors[0], args[0])
+    elif op == "reduce":
+        t.reduce(tensors[0], args[0], ReduceOp(args[1]))
+    elif op == "barrier":
+        t.barrier()
+    else:
+        raise ValueError(f"ringzero backend engine: unknown op {op!r}")
+
+
+class CudaHostsEngine:
+    """The CUDA collectives of a swap-in group that spans hosts: the CUDA transport ringzero.* runs for the
+    same layout (cuda.cuda_transport: IPC in the host and NCCL rings across hosts, or the flat NCCL ring).
+    The C++ backend's CUDA lane calls it as HostsEngine is called (all_reduce, reduce_scatter and even
+    all_gather only: broadcast and reduce reach it as all-reduces) on contiguous CUDA tensors, with the
+    lane's stream current, so the transport's kernels and NCCL calls queue on it (csrc/torch/backend_cuda.h).
+    Written and compiled; never run: one GPU cannot hold two NCCL ranks (docs/backend.md)."""
+
+    def __init__(self, transport):
+        self.transport = transport
+        self.kind = type(transport).__name__  # "CudaHierarchical" or "CudaRing"
+        _ENGINES.append(weakref.ref(self))
+
+    def __call__(self, op: str, tensors: list, args: list):
+        if op not in ("all_reduce", "reduce_scatter", "all_gather") or (op == "all_gather" and args):
+            raise ValueError(f"ringzero backend CUDA engine: {op!r} is not routed here (a routing bug)")
+        run_engine_op(self.transport, op, tensors, args)
 
 
 def _inner_cuda_backend(store, rank: int, size: int, timeout):
@@ -125,8 +149,10 @@ class CudaSetup:
     tensor's device index (every rank of the group at the same op, as for any collective). It meets
     the other ranks through the group's store (HostGroup: which ranks share a host; a rank that never
     arrives gives CommTimeout naming it), opens the CUDA IPC peers on that device exactly as the
-    Communicator's CUDA path does, and returns a _C.CudaBackendPeers. A group spanning hosts gets no
-    peer communicator: its CUDA ops go to NCCL (the NCCL ring driver is not wired into the backend)."""
+    Communicator's CUDA path does, and returns a _C.CudaBackendPeers. A group spanning hosts also sets up
+    the NCCL rings across hosts as that path does (cuda.nccl_rings) and gets a CudaHostsEngine over the
+    transport of its layout (cuda.cuda_transport), unless two of its ranks share a GPU (NCCL refuses
+    them: its CUDA ops then raise, naming the op)."""
 
     def __init__(self, store, rank: int, size: int, config: Config, timeout_s: float):
         self.store = dist.PrefixStore("cuda-lane/", store)  # keys apart from the C++ and inner backends'
@@ -136,12 +162,22 @@ class CudaSetup:
         device = torch.device("cuda", device_index)
         hg = HostGroup.from_store(self.store, self.rank, self.size, self.config, self.timeout_s,
                                   "ringzero: setting up the CUDA path of the c10d backend (its first CUDA collective)")
-        peer, error, errors, gpus = open_ipc_peers(hg.rendezvous, hg.topology, device,
-                                                   self.config.peer_config(self.timeout_s))
+        topo = hg.topology
+        peer, error, errors, gpus = open_ipc_peers(hg.rendezvous, topo, device, self.config.peer_config(self.timeout_s))
+        kind = layout(topo, self.size)
+        spans_hosts, shares_gpu = kind in (HIERARCHICAL, RING), len(set(gpus)) < len(gpus)
+        engine = None
+        if spans_hosts and not shares_gpu and not errors:  # every rank takes part: the others wait for its ids
+            flat, cross, nccl_error = nccl_rings(hg.rendezvous, topo, self.size, kind, device,
+                                                 self.config.ring_slice_bytes)
+            error = error or nccl_error
+            if nccl_error is None:
+                engine = CudaHostsEngine(cuda_transport(kind, None, peer, flat, cross, self.config.algo_code,
+                                                        topo.local_world, self.size))
         finish_setup(hg.rendezvous, self.size, error, errors)
-        spans_hosts = layout(hg.topology, self.size) in (HIERARCHICAL, RING)
-        return _C.CudaBackendPeers(None if spans_hosts else peer, spans_hosts=spans_hosts,
-                                   shares_gpu=len(set(gpus)) < len(gpus), blocking_wait=self.config.cuda_blocking_wait)
+        return _C.CudaBackendPeers(peer, spans_hosts=spans_hosts, shares_gpu=shares_gpu,
+                                   blocking_wait=self.config.cuda_blocking_wait, engine=engine, rank=self.rank,
+                                   size=self.size)
 
 
 def _create_backend(dist_opts, backend_options=None):

@@ -156,6 +156,44 @@ def finish_setup(rendezvous, world: int, error, errors):
         raise CommError("ringzero could not set up the CUDA path: " + "; ".join(sorted(set(errors))))
 
 
+def nccl_rings(rendezvous, topology, world: int, kind: str, device: torch.device, slice_bytes: int):
+    """NCCL rings across hosts for a group of layout `kind` (HIERARCHICAL or RING): the flat ring over the
+    whole group, and when hierarchical one more ring per local rank across hosts. Each ring's first member
+    makes its unique id; the ids travel through `rendezvous` (every rank of the group calls this at the same
+    point). Returns (flat, cross or None, error string or None). The Communicator's CUDA path and the c10d
+    backend's CUDA lane across hosts (comm/backend.py) both set up here."""
+    rank = rendezvous.rank
+    if not getattr(_C, "has_nccl", False):
+        return None, None, f"rank {rank}: this build has no NCCL (the nvidia-nccl-cu13 wheel was not found at build time)"
+
+    def ring(key: str, members: list[int], all_rings: list[list[int]] | None = None):
+        leaders = {m[0] for m in (all_rings or [members])}
+        ids = rendezvous.all_gather_object(key, _C.nccl_unique_id() if rank in leaders else None, list(range(world)))
+        with torch.cuda.device(device):
+            return _C.NcclRing(ids[members[0]], members.index(rank), len(members), slice_bytes)
+
+    try:
+        flat = ring("cuda/nccl/flat", list(range(world)))
+        cross = ring("cuda/nccl/cross", topology.cross_ring, topology.cross_rings) if kind == HIERARCHICAL else None
+    except Exception as e:
+        return None, None, f"rank {rank}: NCCL ring setup failed: {e}"
+    return flat, cross, None
+
+
+def cuda_transport(kind: str, host, peer, flat, cross, algo: int, local_world: int, world: int):
+    """The CUDA transport of a group of layout `kind` (transports.layout, the one decision for every door):
+    `host` is the group's CPU transport (broadcast, reduce and all_gather_v run through host copies on it;
+    None where the caller never asks for those), `peer` the IPC communicator of this rank's host, `flat` and
+    `cross` the NCCL rings of nccl_rings()."""
+    if kind == SOLO:
+        return Solo()
+    if kind == ONE_HOST:
+        return CudaPeers(host, peer, algo)
+    if kind == HIERARCHICAL:
+        return CudaHierarchical(host, flat, peer, cross, local_world, world)
+    return CudaRing(host, flat)
+
+
 class CudaPath:
     """The CUDA side of one Communicator, made on its first CUDA collective (every rank of the group
     must make it at the same call, as with any collective): the setup, the stream, the timeout checks,
@@ -177,45 +215,12 @@ class CudaPath:
         self.peer, error, errors, _ = open_ipc_peers(self._rendezvous, comm.host_group.topology, device, cfg)
         self.layout = layout(comm.host_group.topology, comm.world)
         if self.layout in (HIERARCHICAL, RING) and not errors:  # every rank takes part: the others wait for its ids
-            nccl_error = self._setup_nccl(slice_bytes)
+            self.flat, self.cross, nccl_error = nccl_rings(self._rendezvous, comm.host_group.topology, comm.world,
+                                                           self.layout, device, slice_bytes)
             error = error or nccl_error
         finish_setup(self._rendezvous, comm.world, error, errors)
-        self.transport = self._pick_transport()
-
-    def _pick_transport(self):
-        """Decided once, by the group's layout (transports.layout, the one decision for every door)."""
-        comm, kind = self.comm, self.layout
-        if kind == SOLO:
-            return Solo()
-        if kind == ONE_HOST:
-            return CudaPeers(comm.transport, self.peer, comm.algo)
-        if kind == HIERARCHICAL:
-            return CudaHierarchical(comm.transport, self.flat, self.peer, self.cross, comm.local_world, comm.world)
-        return CudaRing(comm.transport, self.flat)
-
-    def _setup_nccl(self, slice_bytes: int):
-        """NCCL rings across hosts: the flat ring over the whole group, and when hierarchical one more
-        ring per local rank across hosts. Each ring's first member makes its unique id; the ids travel
-        through the group's store. Returns an error string or None."""
-        comm = self.comm
-        if not getattr(_C, "has_nccl", False):
-            return f"rank {comm.rank}: this build has no NCCL (the nvidia-nccl-cu13 wheel was not found at build time)"
-        topo = comm.host_group.topology
-        try:
-            self.flat = self._nccl_ring("cuda/nccl/flat", list(range(comm.world)), slice_bytes)
-            if self.layout == HIERARCHICAL:
-                self.cross = self._nccl_ring("cuda/nccl/cross", topo.cross_ring, slice_bytes, topo.cross_rings)
-        except Exception as e:
-            return f"rank {comm.rank}: NCCL ring setup failed: {e}"
-        return None
-
-    def _nccl_ring(self, key: str, members: list[int], slice_bytes: int, all_rings: list[list[int]] | None = None):
-        comm = self.comm
-        leaders = {m[0] for m in (all_rings or [members])}
-        ids = self._rendezvous.all_gather_object(
-            key, _C.nccl_unique_id() if comm.rank in leaders else None, list(range(comm.world)))
-        with torch.cuda.device(self.device):
-            return _C.NcclRing(ids[members[0]], members.index(comm.rank), len(members), slice_bytes)
+        self.transport = cuda_transport(self.layout, comm.transport, self.peer, self.flat, self.cross, comm.algo,
+                                        comm.local_world, comm.world)
 
     def close(self):
         """Frees the staging buffers once every rank is done: a peer's last ring step may still write
