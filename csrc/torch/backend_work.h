@@ -96,7 +96,8 @@ class SerialExecutor {
   }
 
   // Runs what is queued, then joins the thread (and waits for a task a waiter still runs). Later
-  // submits fail.
+  // submits fail. Called from inside a task (a future's callback that shuts the backend down), it only
+  // marks the executor stopped: the worker thread drains the queue once that task has ended.
   void stop() {
     State& s = *state_;
     {
@@ -104,9 +105,11 @@ class SerialExecutor {
       s.stopped = true;
       s.cv.notify_all();
     }
-    if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
+    const bool inside_task = running_inline() || thread_.get_id() == std::this_thread::get_id();
+    if (inside_task) return;
+    if (thread_.joinable()) thread_.join();
     std::unique_lock<std::mutex> lock(s.mu);
-    if (thread_.get_id() != std::this_thread::get_id()) s.cv.wait(lock, [&] { return !s.running; });
+    s.cv.wait(lock, [&] { return !s.running; });
   }
 
  private:
