@@ -24,7 +24,7 @@ namespace ringzero {
 // the waiter when it ends (tens of us each on a VM), and the worker, which shares its core with the
 // rank's compute, sleeps in every wait for a peer rather than spin (set_spin(false) in backend.cpp).
 // A caller blocked in Work.wait() computes nothing, so it may spin: a blocking 4 KiB dist.all_reduce
-// at 2 ranks went from 68.5 us to the numbers in benchmarks/RESULTS.md ("The swap-in door's own cost").
+// at 2 ranks went from 62.5 us to 11.0 us (benchmarks/RESULTS.md, "The swap-in door's own cost").
 // The worker still starts every op as soon as it can (DDP's and FSDP's overlap need it); whoever pops
 // a task first runs it, and a waiter that finds another thread running one waits as before.
 class SerialExecutor {
