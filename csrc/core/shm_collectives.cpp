@@ -9,6 +9,7 @@
 #include "shm_placement.h"
 #include "shm_single_copy.h"
 #include "shm_slots.h"
+#include "shm_window.h"
 
 namespace ringzero {
 
@@ -34,6 +35,11 @@ AllReduceAlgo ShmComm::choose_all_reduce(size_t bytes) const {
 }
 
 void ShmComm::all_reduce(const void* in, void* out, size_t count, DType dtype, ReduceOp op, AllReduceAlgo algo) {
+  // A tensor from ringzero.empty ([Note: registered tensors], shm_window.cpp), in place, where Auto takes
+  // the two-shot (the one-shot's single synchronisation beats the direct path's three below that).
+  if (in == out && algo == AllReduceAlgo::Auto && choose_all_reduce(count * dtype_size(dtype)) == AllReduceAlgo::TwoShot)
+    if (auto w = registered(in, count * dtype_size(dtype), CollectiveKind::AllReduce))
+      return all_reduce_registered(*w, static_cast<char*>(out), count, dtype, op);
   OpGuard guard(this, CollectiveKind::AllReduce, dtype, op, -1, count);
   if (nranks_ == 1) {
     if (in != out) std::memcpy(out, in, count * dtype_size(dtype));
@@ -137,6 +143,9 @@ void ShmComm::all_reduce_ring(const void* in, void* out, size_t count, DType dty
 // from its own input and the peers' slots straight into its output. Per rank per slice of B bytes of
 // output: writes (n-1)*B to shm, reads (2n-1)*B, writes B; one synchronisation.
 void ShmComm::reduce_scatter(const void* in, void* out, size_t count_per_rank, DType dtype, ReduceOp op) {
+  if (auto w = registered(in, nranks_ * count_per_rank * dtype_size(dtype), CollectiveKind::ReduceScatter))
+    return reduce_scatter_registered(*w, static_cast<const char*>(in), static_cast<char*>(out), count_per_rank,
+                                     dtype, op);
   OpGuard guard(this, CollectiveKind::ReduceScatter, dtype, op, -1, count_per_rank);
   const size_t es = dtype_size(dtype);
   if (nranks_ == 1) {
@@ -166,6 +175,8 @@ void ShmComm::reduce_scatter(const void* in, void* out, size_t count_per_rank, D
 // slower on the 2-core VM: its one kernel copy cost more than these two user copies (benchmarks/
 // RESULTS.md, "The shared-memory collectives' measurements, moved out of the code").
 void ShmComm::all_gather(const void* in, void* out, size_t count, DType dtype) {
+  if (auto w = registered(in, count * dtype_size(dtype), CollectiveKind::AllGather))
+    return all_gather_registered(*w, static_cast<const char*>(in), static_cast<char*>(out), count, dtype);
   OpGuard guard(this, CollectiveKind::AllGather, dtype, ReduceOp::Sum, -1, count);
   const size_t es = dtype_size(dtype);
   if (nranks_ == 1) {

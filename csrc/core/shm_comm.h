@@ -11,6 +11,7 @@
 #include <atomic>
 #include <exception>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,7 @@
 namespace ringzero {
 
 struct WaitWord;  // shm_wait.h
+class ShmWindow;  // shm_window.h
 
 // AllReduceAlgo, CollectiveKind and collective_name() are in types.h (shared with Python through _C).
 
@@ -89,6 +91,12 @@ class ShmComm {
   // Only `root`'s out is written.
   void reduce(const void* in, void* out, size_t count, DType dtype, ReduceOp op, int root);
   void barrier();
+
+  // Registered memory ([Note: registered tensors], shm_window.cpp): every local rank calls it together with
+  // the same `bytes`; returns this rank's handle on one new segment holding a region of `bytes` per rank
+  // (its own: region(rank())). all_reduce (in place), reduce_scatter and all_gather then read an input
+  // that lies in such a region straight from the peers' regions.
+  std::shared_ptr<ShmWindow> create_window(size_t bytes);
 
   // Steps outside the segment. set_away(peers): this rank now waits on `peers` (group ranks, at most
   // two: a ring's neighbours) over the network, as in the hierarchical all-reduce's cross-host step;
@@ -180,6 +188,15 @@ class ShmComm {
   // The single-copy all-gather; false when the first probe found it refused (then nothing but this
   // rank's own block of `out` is written, and the caller runs the staged all-gather).
   bool all_gather_single_copy(const char* in, char* out, size_t count, size_t es);
+  // The window whose own region holds [p, p + bytes) when a collective (`kind`, for the message) should
+  // read it from the peers directly, else nullptr; InvalidArgument for another group's window.
+  std::shared_ptr<ShmWindow> registered(const void* p, size_t bytes, CollectiveKind kind) const;
+  // The registered collectives' first synchronisation (fingerprints and offsets compared) and last.
+  void start_registered(const ShmWindow& w, const char* in);
+  void finish_registered();
+  void all_gather_registered(const ShmWindow& w, const char* in, char* out, size_t count, DType dtype);
+  void reduce_scatter_registered(const ShmWindow& w, const char* in, char* out, size_t count, DType dtype, ReduceOp op);
+  void all_reduce_registered(const ShmWindow& w, char* x, size_t count, DType dtype, ReduceOp op);
   // Copies `bytes` from address `src` of local rank q's process into `dst` (process_vm_readv).
   void read_peer(int q, void* dst, uint64_t src, size_t bytes);
   enum class SingleCopy : int32_t { Untested = 0, On = 1, Off = 2 };
@@ -208,6 +225,8 @@ class ShmComm {
   double probe_ns_ = 0;       // and the fastest round trip of the last one
   SingleCopy single_copy_ = SingleCopy::Untested;  // the same on every rank (decided together)
   bool single_copy_allowed_ = true;                // this rank's vote (set_single_copy)
+  uint64_t windows_made_ = 0;   // create_window calls: the windows' ids, the same on every rank
+  uint64_t current_slice_ = 0;  // the registered collective's slice (start_registered to finish_registered)
 };
 
 }  // namespace ringzero

@@ -4,6 +4,7 @@
 #include <sched.h>
 
 #include <cstdio>
+#include <cstring>
 #include <sstream>
 
 #include "errors.h"
@@ -103,6 +104,13 @@ void ShmComm::check_fingerprints(uint64_t k) {
                   op_name(static_cast<ReduceOp>(f.op)), f.root);
     s << line;
   }
+  bool registered = false;
+  for (int q = 0; q < nranks_; ++q)
+    registered = registered || std::strstr(collective_name(static_cast<CollectiveKind>(control(q)->fp[k & 1].kind)),
+                                           "_registered") != nullptr;
+  if (registered)
+    s << "  (a *_registered op has a tensor from ringzero.empty, its root column the allocation's number; where a"
+         " rank's op lacks _registered, it passed a plain tensor where a peer passed its ringzero.empty tensor)\n";
   end_slice(k);  // this rank is done reading slice k; keeps the slot protocol in step for later calls
   throw CollectiveMismatchError(s.str());
 }

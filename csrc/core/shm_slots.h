@@ -33,6 +33,10 @@ struct ShmComm::Header {
   std::atomic<int32_t> abort_rank;  // -1 while healthy; else the local rank that aborted first
   char abort_reason[1024];
   std::atomic<int32_t> pids[kShmMaxRanks];
+  // ShmComm::create_window: the new window's segment name, or its creator's error (window_name empty),
+  // written by local rank 0 before it signals; read by the others after they waited for it.
+  char window_name[96];
+  char window_error[512];
 };
 static_assert(sizeof(ShmComm::Header) <= kShmHeaderBytes, "header must fit its page");
 

@@ -24,9 +24,12 @@ constexpr int kNumAllReduceAlgos = 4;
 // What a rank called: carried in fingerprints (shared memory, and the network paths with
 // RINGZERO_DEBUG=1) so that ranks calling different collectives are told apart, and named in errors.
 enum class CollectiveKind : int32_t {
-  Barrier = 0, AllReduce = 1, ReduceScatter = 2, AllGather = 3, AllGatherV = 4, Broadcast = 5, Reduce = 6
+  Barrier = 0, AllReduce = 1, ReduceScatter = 2, AllGather = 3, AllGatherV = 4, Broadcast = 5, Reduce = 6,
+  // On tensors from ringzero.empty, read from the peers directly ([Note: registered tensors], shm_window.cpp),
+  // and the allocation itself.
+  AllReduceRegistered = 7, ReduceScatterRegistered = 8, AllGatherRegistered = 9, CreateWindow = 10
 };
-constexpr int kNumCollectiveKinds = 7;
+constexpr int kNumCollectiveKinds = 11;
 
 inline size_t dtype_size(DType t) {
   switch (t) {
@@ -58,8 +61,10 @@ inline const char* algo_name(AllReduceAlgo algo) {
 }
 
 inline const char* collective_name(CollectiveKind kind) {
-  static const char* names[] = {"barrier", "all_reduce", "reduce_scatter", "all_gather",
-                                "all_gather_v", "broadcast", "reduce"};
+  static const char* names[] = {"barrier",        "all_reduce",     "reduce_scatter",
+                                "all_gather",     "all_gather_v",   "broadcast",
+                                "reduce",         "all_reduce_registered", "reduce_scatter_registered",
+                                "all_gather_registered", "create_window"};
   int i = static_cast<int>(kind);
   return (i >= 0 && i < kNumCollectiveKinds) ? names[i] : "unknown";
 }

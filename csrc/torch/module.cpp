@@ -7,6 +7,8 @@
 #include "dtype_map.h"
 #include "core/reduce.h"
 #include "core/shm_comm.h"
+#include "core/shm_placement.h"
+#include "core/shm_window.h"
 #include "core/topology.h"
 
 namespace py = pybind11;
@@ -101,6 +103,27 @@ PYBIND11_MODULE(_C, m) {
       py::arg("dst"), py::arg("srcs"), py::arg("op"), py::arg("divisor") = 1,
       "dst = op(srcs[0], srcs[1], ...) element-wise (Avg: pass op=SUM and divisor); dst may alias a source");
 
+  m.def(
+      "copy_bytes",
+      [](const at::Tensor& dst, const at::Tensor& src, bool streaming) {
+        TORCH_CHECK(dst.is_cpu() && src.is_cpu() && dst.is_contiguous() && src.is_contiguous() &&
+                        dst.nbytes() == src.nbytes(),
+                    "copy_bytes: dst and src must be contiguous CPU tensors of the same number of bytes");
+        py::gil_scoped_release nogil;
+        (streaming ? copy_streaming : copy_cached)(dst.data_ptr(), src.data_ptr(), src.nbytes());
+      },
+      py::arg("dst"), py::arg("src"), py::arg("streaming"),
+      "dst's bytes = src's, by the collectives' own copies: memcpy, or streaming stores (streaming=True); "
+      "benchmarks time the floors with it");
+  m.def(
+      "window_id",
+      [](uintptr_t ptr, size_t bytes) {
+        std::shared_ptr<ShmWindow> w = ShmWindow::find(reinterpret_cast<const void*>(ptr), bytes);
+        return w ? w->id() : uint64_t{0};
+      },
+      py::arg("ptr"), py::arg("bytes"),
+      "The id (>= 1) of the live ringzero.empty allocation of this process holding [ptr, ptr + bytes), else 0");
+
   py::class_<ShmComm>(m, "ShmComm")
       .def(py::init([](const std::string& name, int rank, int nranks, size_t slot_bytes, double timeout_s,
                        std::vector<int> group_ranks) {
@@ -117,6 +140,22 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("nranks", &ShmComm::nranks)
       .def_property_readonly("slot_bytes", &ShmComm::slot_bytes)
       .def("unlink", &ShmComm::unlink)
+      .def(
+          "create_window",
+          [](ShmComm& c, size_t bytes) {
+            std::shared_ptr<ShmWindow> w;
+            {
+              py::gil_scoped_release nogil;  // waits for the host's other ranks
+              w = c.create_window(bytes);
+            }
+            // The tensor's storage holds the window: the mapping lives while any view of it does.
+            return torch::from_blob(w->region(w->rank()), {static_cast<int64_t>(bytes)}, [w](void*) {},
+                                    torch::TensorOptions().dtype(torch::kUInt8));
+          },
+          py::arg("bytes"),
+          "Collective over the host's ranks (the same bytes on each): a uint8 tensor of `bytes` in memory every "
+          "local rank has mapped, which all_reduce, reduce_scatter and all_gather read from the peers directly; "
+          "[Note: registered tensors] (core/shm_window.cpp)")
       .def("set_timeout", &ShmComm::set_timeout)
       .def("set_spin", &ShmComm::set_spin, py::arg("spin"),
            "Whether waits may spin before sleeping (never when ranks outnumber cores); see core/shm_wait.h")

@@ -8,7 +8,7 @@ from .comm import (CollectiveMismatch, CommError, CommTimeout, Communicator, Red
                    all_gather_single, all_gather_v, all_reduce, barrier, broadcast, comm_seconds, destroy_communicators,
                    get_communicator, reduce, reduce_scatter_single, reduce_scatter_tensor)
 from . import ops, optim
-from .comm import backend_stats, patch, register_backend, unpatch
+from .comm import backend_stats, empty, is_registered, patch, register_backend, unpatch
 
 register_backend()  # makes torch.distributed.init_process_group("ringzero") work
 from .parallel import DistributedDataParallel, ZeroDataParallel
@@ -22,6 +22,6 @@ __all__ = [
     "ReduceOp", "Work", "CommError", "CommTimeout", "CollectiveMismatch", "Communicator", "get_communicator",
     "destroy_communicators", "comm_seconds", "all_reduce", "reduce_scatter_single", "reduce_scatter_tensor",
     "all_gather_single", "all_gather_into_tensor", "all_gather_v", "broadcast", "reduce", "barrier", "ops", "optim",
-    "patch", "unpatch", "backend_stats",
+    "patch", "unpatch", "backend_stats", "empty", "is_registered",
     "DistributedDataParallel", "ZeroDataParallel",
 ]

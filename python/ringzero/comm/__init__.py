@@ -8,5 +8,6 @@ from .topology import Topology, host_id
 from .errors import CollectiveMismatch, CommError, CommTimeout
 from .types import ReduceOp
 from .work import Work
+from .registered import empty, flat_zeros, is_registered
 from .backend import backend_stats, register as register_backend
 from .patch import is_patched, patch, unpatch

@@ -51,6 +51,12 @@ class Config:
     kernel allows it (the ranks vote at the first such call; one refusal, or one rank with 0, and every
     rank stages). 0: this rank votes no.
     [Note: single copy between a host's ranks] in csrc/core/shm_single_copy.cpp."""
+    register_buffers: bool = True
+    """RINGZERO_REGISTER_BUFFERS: ringzero's own flat CPU buffers that collectives read (DistributedDataParallel's
+    gradient buckets, ZeRO's float32 master shards) are allocated with ringzero.empty, so that the all-reduce
+    and all-gather read them from the peers directly ([Note: registered tensors], csrc/core/shm_window.cpp);
+    where /dev/shm has no room they are plain tensors on every rank. 0: plain tensors. Must be the same on
+    every rank (else their collectives raise CollectiveMismatch)."""
     debug: bool = False
     """RINGZERO_DEBUG: fingerprint every collective on the network paths too (one small all-gather per call)."""
     flight_dir: str = ""
@@ -102,6 +108,7 @@ VARIABLES = {
     "RINGZERO_DEBUG": "debug",
     "RINGZERO_BIND_CORES": "bind_cores",
     "RINGZERO_SINGLE_COPY": "single_copy",
+    "RINGZERO_REGISTER_BUFFERS": "register_buffers",
     "RINGZERO_FLIGHT_DIR": "flight_dir",
     "RINGZERO_CUDA_BUFFER_BYTES": "cuda_buffer_bytes",
     "RINGZERO_CUDA_RING_CHANNELS": "cuda_ring_channels",
@@ -150,7 +157,7 @@ def _text(name: str, raw: str) -> str:
     return raw
 
 
-_PARSERS = {"timeout_s": _positive, "allreduce_algo": _algo, "host_id": _text, "debug": _flag, "bind_cores": _flag, "single_copy": _flag,
+_PARSERS = {"timeout_s": _positive, "allreduce_algo": _algo, "host_id": _text, "debug": _flag, "bind_cores": _flag, "single_copy": _flag, "register_buffers": _flag,
             "flight_dir": _text, "cuda_blocking_wait": _flag}
 
 

@@ -106,7 +106,8 @@ class DistributedDataParallel(nn.Module):
         # One "rank" per bucket: DDP buckets are not sharded, FlatLayout only gives the offsets.
         self.buckets = [FlatLayout(b, 1, 0) for b in bucket_params(reversed(named), check_bucket_cap(bucket_cap_mb), dtype_of)]
         # On the parameters' device: CUDA gradients are averaged by the CUDA path, never through the host.
-        self.flats = [torch.zeros(b.padded_numel, dtype=dtype_of(b.params[0]), device=b.params[0].device)
+        # CPU buckets are registered (comm.flat_zeros): the all-reduce reads the peers' buckets in place.
+        self.flats = [comm.flat_zeros(b.padded_numel, dtype_of(b.params[0]), b.params[0].device, self.group)
                       for b in self.buckets]
         self._slot = {id(s.param): s for b in self.buckets for s in b.slots}
         self._sync = True

@@ -5,6 +5,7 @@ reduction at construction and frees the full weights when it wants them sharded.
 
 Buffers (1D = flat, padded to a multiple of the world size; shard = 1/N of it):
   master        1D shard, float32, on master_device: the only copy of the weights that the optimizer steps
+                (registered, comm.flat_zeros, where it is the all-gather's input: CPU, float32 parameters)
   master.grad   1D shard, float32: averaged gradient (summed over backward passes until zero_grad)
   full          1D padded, param_dtype: the gathered weights; module parameters are views into it
                 (kept between steps in stages 1-2; in stage 3 its storage is resized to 0 bytes when
@@ -53,7 +54,13 @@ class ShardedGroup:
         params = self.layout.params
         self.compute_device = params[0].device if params else torch.device("cpu")
         flat32 = self.layout.flatten([p.detach() for p in params], torch.float32)
-        self.master = nn.Parameter(self.layout.shard(flat32).to(master_device, copy=True))
+        shard = self.layout.shard(flat32)
+        if torch.device(master_device) == self.compute_device == torch.device("cpu") and param_dtype == torch.float32:
+            # The all-gather reads it in place (gather_async): registered, the peers read it directly.
+            master = comm.flat_zeros(shard.numel(), torch.float32, master_device, group).copy_(shard)
+        else:
+            master = shard.to(master_device, copy=True)
+        self.master = nn.Parameter(master)
         self.state = ParamState.SHARDED
         self._gather_work = self._gather_input = None
         self.grad_flat = None
