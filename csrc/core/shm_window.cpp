@@ -37,6 +37,8 @@
 
 namespace ringzero {
 namespace {
+// The registered reduce-scatter's piece when it streams its output: small enough to stay in L1/L2.
+constexpr size_t kReducePieceBytes = 32 << 10;
 std::mutex g_windows_mutex;
 std::vector<std::weak_ptr<ShmWindow>> g_windows;  // every window made in this process, pruned as they go
 std::atomic<int> g_live{0};
@@ -203,8 +205,20 @@ void ShmComm::reduce_scatter_registered(const ShmWindow& w, const char* in, char
   const int divisor = op == ReduceOp::Avg ? nranks_ : 1;
   start_registered(w, in);
   const size_t offset = static_cast<size_t>(in - w.region(rank_)) + rank_ * count * es;
-  for (int q = 0; q < nranks_; ++q) srcs_[q] = w.region(q) + offset;
-  reduce_n(out, srcs_.data(), nranks_, count, dtype, base, divisor);
+  if (count * es < kStreamGatherBytes) {
+    for (int q = 0; q < nranks_; ++q) srcs_[q] = w.region(q) + offset;
+    reduce_n(out, srcs_.data(), nranks_, count, dtype, base, divisor);
+  } else {  // an output past the last-level cache: reduced in pieces that stay in this core's cache, each
+            // then written out with streaming stores (no read of the output's lines before they are written)
+    alignas(64) static thread_local char piece[kReducePieceBytes];
+    const size_t per = kReducePieceBytes / es;
+    for (size_t at = 0; at < count; at += per) {
+      const size_t n = std::min(per, count - at);
+      for (int q = 0; q < nranks_; ++q) srcs_[q] = w.region(q) + offset + at * es;
+      reduce_n(piece, srcs_.data(), nranks_, n, dtype, base, divisor);
+      copy_streaming(out + at * es, piece, n * es);
+    }
+  }
   finish_registered();
 }
 

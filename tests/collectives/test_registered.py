@@ -4,8 +4,9 @@ ranks' inputs make, computed by every rank from the same formulas (integers: exa
 truncates toward zero, as NCCL's), and, where a size stays staged, the same.
 
 - Sizes on both sides of each op's threshold (64 KiB of input; the all-reduce from where Auto takes the
-  two-shot), primes past it, a part of a tensor at the same offset on every rank, blocks past the
-  streaming copy's 16 MiB; int32, int64 and float32; SUM, MAX, AVG; blocking and async; worlds 2-4.
+  two-shot), primes past it, a part of a tensor at the same offset on every rank, all-gather blocks and a
+  reduce-scatter output past 16 MiB (streaming stores); int32, int64 and float32; SUM, MAX, AVG; blocking
+  and async; worlds 2-4.
 - Which path ran is read from the communicator's own record (kinds *_registered).
 - No rank returns while a peer may still read its tensor: each rank changes its tensor right after every
   call, and every next call's result must show only the new values.
@@ -90,7 +91,16 @@ def _correct_cases(rank, world, seed):
                 assert torch.equal(inp, values(rank, block * world, dtype)), "the input changed"
                 assert kinds_since(comm, seq)[-1] == ("reduce_scatter_registered" if direct else "reduce_scatter")
                 checked += 1
-    # all_gather: blocks under and at 64 KiB, a prime, and past 16 MiB (streaming stores); in place too.
+    # reduce_scatter with an output past 16 MiB (reduced in pieces, written with streaming stores).
+    block = (16 << 20) // 4 + 5
+    inp = ringzero.empty(block * world, dtype=torch.int32)
+    inp.copy_(values(rank, block * world, torch.int32))
+    out = torch.empty(block, dtype=torch.int32)
+    ringzero.reduce_scatter_tensor(out, inp)
+    assert torch.equal(out, reduced(world, block * world, torch.int32, "sum")[rank * block:(rank + 1) * block])
+    del inp
+    checked += 1
+    # all_gather: blocks under and at 64 KiB, a prime, and past 16 MiB (streaming stores).
     for block, dtype in ((MIN // 4 - 1, torch.int32), (MIN // 4, torch.int32), (100_019, torch.int64),
                          ((16 << 20) // 4 + 9, torch.int32)):
         direct = block * dtype.itemsize >= MIN
@@ -130,7 +140,7 @@ def test_registered_collectives_match_the_reference(world):
     seed = random.randrange(1 << 30)
     print(f"seed {seed}")
     got = run_ranks(world, _correct_cases, seed, timeout_s=600)
-    assert got == [got[0]] * world and got[0] == 36 + 24 + 4 + 30, got
+    assert got == [got[0]] * world and got[0] == 36 + 24 + 1 + 4 + 30, got
 
 
 def _mismatch_cases(rank, world):
