@@ -25,12 +25,14 @@
 namespace ringzero {
 
 constexpr int kShmMaxRanks = 256;
+constexpr int32_t kAbortClaimed = -2;  // Header::abort_rank while the first aborter writes its reason
 constexpr size_t kShmHeaderBytes = 4096;
 constexpr size_t kShmPageBytes = 4096;
 
 struct ShmComm::Header {
   SegmentTag tag;
-  std::atomic<int32_t> abort_rank;  // -1 while healthy; else the local rank that aborted first
+  std::atomic<int32_t> abort_rank;  // -1 while healthy; else the local rank that aborted first (kAbortClaimed
+                                    // while it writes abort_reason: ShmComm::abort_all)
   char abort_reason[1024];
   std::atomic<int32_t> pids[kShmMaxRanks];
   // ShmComm::create_window: the new window's segment name, or its creator's error (window_name empty),

@@ -153,16 +153,18 @@ void ShmComm::set_away(const std::vector<int>& peers) {
 void ShmComm::abort_all(const std::string& reason) {
   Header* h = static_cast<Header*>(seg_.data());
   int32_t expected = -1;
-  if (h->abort_rank.compare_exchange_strong(expected, rank_)) {
+  // Claimed first (one writer of the text), published with the rank after the text: a reader that sees a
+  // rank sees its whole reason. Before, the rank came first and a waiter could quote an empty reason.
+  if (h->abort_rank.compare_exchange_strong(expected, kAbortClaimed)) {
     std::snprintf(h->abort_reason, sizeof(h->abort_reason), "%s", reason.c_str());
-    // abort_rank is set before the text: a reader may see a partial reason, never a missing abort.
+    h->abort_rank.store(rank_, std::memory_order_release);
   }
 }
 
 void ShmComm::check_abort() const {
   const Header* h = header();
   const int32_t who = h->abort_rank.load(std::memory_order_acquire);
-  if (who < 0 || who == rank_) {
+  if (who < 0 || who == rank_) {  // -1 healthy; kAbortClaimed: the text is being written, seen at the next check
     if (who == rank_)
       throw CommTimeoutError("ringzero communicator on group rank " + std::to_string(group_ranks_[rank_]) +
                              " was aborted by an earlier error; create a new process group");
