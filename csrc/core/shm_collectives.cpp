@@ -14,14 +14,6 @@
 namespace ringzero {
 
 namespace {
-struct Prepared {
-  ReduceOp op;  // Avg becomes Sum ...
-  int divisor;  // ... divided once at the final write
-};
-Prepared prepare(ReduceOp op, int nranks) {
-  if (op == ReduceOp::Avg) return {ReduceOp::Sum, nranks};
-  return {op, 1};
-}
 constexpr auto no_work = [](const auto&) {};
 }  // namespace
 

@@ -73,6 +73,16 @@ static_assert(std::atomic<uint64_t>::is_always_lock_free, "cross-process flags n
 
 inline const ShmComm::Header* ShmComm::header() const { return static_cast<const Header*>(seg_.data()); }
 
+// A collective's reduction as reduce_n takes it: Avg becomes Sum, divided once at the final write.
+struct Prepared {
+  ReduceOp op;
+  int divisor;
+};
+inline Prepared prepare(ReduceOp op, int nranks) {
+  if (op == ReduceOp::Avg) return {ReduceOp::Sum, nranks};
+  return {op, 1};
+}
+
 // What a waiter for rank q's `word` (its arrive_word or done_word) sleeps on.
 inline WaitWord ShmComm::wait_word(int q, std::atomic<uint32_t>& word) const {
   Control* c = control(q);

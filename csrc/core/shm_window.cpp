@@ -201,13 +201,12 @@ void ShmComm::reduce_scatter_registered(const ShmWindow& w, const char* in, char
                                         ReduceOp op) {
   OpGuard guard(this, CollectiveKind::ReduceScatterRegistered, dtype, op, static_cast<int>(w.id()), count);
   const size_t es = dtype_size(dtype);
-  const ReduceOp base = op == ReduceOp::Avg ? ReduceOp::Sum : op;
-  const int divisor = op == ReduceOp::Avg ? nranks_ : 1;
+  const Prepared p = prepare(op, nranks_);
   start_registered(w, in);
   const size_t offset = static_cast<size_t>(in - w.region(rank_)) + rank_ * count * es;
   if (count * es < kStreamGatherBytes) {
     for (int q = 0; q < nranks_; ++q) srcs_[q] = w.region(q) + offset;
-    reduce_n(out, srcs_.data(), nranks_, count, dtype, base, divisor);
+    reduce_n(out, srcs_.data(), nranks_, count, dtype, p.op, p.divisor);
   } else {  // an output past the last-level cache: reduced in pieces that stay in this core's cache, each
             // then written out with streaming stores (no read of the output's lines before they are written)
     alignas(64) static thread_local char piece[kReducePieceBytes];
@@ -215,7 +214,7 @@ void ShmComm::reduce_scatter_registered(const ShmWindow& w, const char* in, char
     for (size_t at = 0; at < count; at += per) {
       const size_t n = std::min(per, count - at);
       for (int q = 0; q < nranks_; ++q) srcs_[q] = w.region(q) + offset + at * es;
-      reduce_n(piece, srcs_.data(), nranks_, n, dtype, base, divisor);
+      reduce_n(piece, srcs_.data(), nranks_, n, dtype, p.op, p.divisor);
       copy_streaming(out + at * es, piece, n * es);
     }
   }
@@ -227,13 +226,12 @@ void ShmComm::reduce_scatter_registered(const ShmWindow& w, const char* in, char
 void ShmComm::all_reduce_registered(const ShmWindow& w, char* x, size_t count, DType dtype, ReduceOp op) {
   OpGuard guard(this, CollectiveKind::AllReduceRegistered, dtype, op, static_cast<int>(w.id()), count);
   const size_t es = dtype_size(dtype);
-  const ReduceOp base = op == ReduceOp::Avg ? ReduceOp::Sum : op;
-  const int divisor = op == ReduceOp::Avg ? nranks_ : 1;
+  const Prepared p = prepare(op, nranks_);
   start_registered(w, x);
   const size_t offset = static_cast<size_t>(x - w.region(rank_));
   const Range mine = chunk_range(count, nranks_, rank_, es);
   for (int q = 0; q < nranks_; ++q) srcs_[q] = w.region(q) + offset + mine.offset * es;
-  reduce_n(x + mine.offset * es, srcs_.data(), nranks_, mine.count, dtype, base, divisor);
+  reduce_n(x + mine.offset * es, srcs_.data(), nranks_, mine.count, dtype, p.op, p.divisor);
   signal();
   wait_all(phase_);
   for (int i = 1; i < nranks_; ++i) {
