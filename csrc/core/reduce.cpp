@@ -58,6 +58,14 @@ void divide_inplace(void* dst, size_t count, DType dtype, int divisor) {
   chosen().table->divide_inplace(dst, count, dtype, divisor);
 }
 
+void quantize_blocks(const float* x, size_t n, int bits, size_t block, uint8_t* q, float* scales) {
+  chosen().table->quantize_blocks(x, n, bits, block, q, scales);
+}
+
+void dequantize_blocks(const uint8_t* q, const float* scales, size_t n, int bits, size_t block, float* out) {
+  chosen().table->dequantize_blocks(q, scales, n, bits, block, out);
+}
+
 const char* reduce_isa() { return chosen().name; }
 
 }  // namespace ringzero

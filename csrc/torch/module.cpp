@@ -103,6 +103,53 @@ PYBIND11_MODULE(_C, m) {
       py::arg("dst"), py::arg("srcs"), py::arg("op"), py::arg("divisor") = 1,
       "dst = op(srcs[0], srcs[1], ...) element-wise (Avg: pass op=SUM and divisor); dst may alias a source");
 
+  // Block quantization (reduce.h): one row of n values, or rows side by side; the packed row layout of
+  // python/ringzero/parallel/data_parallel/quantize.py (integers, then float32 scales).
+  // (rows, n, bytes of the integers of one row, bytes of one row) of a float32 tensor of rows of n values;
+  // checks `packed` (uint8, 4-byte aligned for the scales) holds that many rows.
+  struct Rows {
+    int64_t rows, n, qbytes, row;
+  };
+  auto packed_rows = [](const char* fn, const at::Tensor& values, const at::Tensor& packed, int64_t bits,
+                        int64_t block) {
+    TORCH_CHECK(bits == 8 || bits == 4, fn, ": bits must be 8 or 4, got ", bits);
+    TORCH_CHECK(block > 0 && block % 8 == 0, fn, ": block must be a positive multiple of 8, got ", block);
+    TORCH_CHECK(values.is_cpu() && values.scalar_type() == at::kFloat && values.is_contiguous() && values.dim() >= 1 &&
+                    values.dim() <= 2,
+                fn, ": the values must be a contiguous 1-D or 2-D float32 CPU tensor");
+    const int64_t rows = values.dim() == 2 ? values.size(0) : 1, n = values.size(-1);
+    const int64_t nblk = (n + block - 1) / block, qbytes = nblk * block * bits / 8, row = qbytes + 4 * nblk;
+    TORCH_CHECK(packed.is_cpu() && packed.scalar_type() == at::kByte && packed.is_contiguous() &&
+                    packed.numel() == rows * row && reinterpret_cast<uintptr_t>(packed.data_ptr()) % 4 == 0,
+                fn, ": the packed tensor must be a contiguous, 4-byte aligned uint8 CPU tensor of ", rows * row, " bytes");
+    return Rows{rows, n, qbytes, row};
+  };
+  m.def(
+      "quantize_blocks",
+      [packed_rows](const at::Tensor& x, const at::Tensor& out, int64_t bits, int64_t block) {
+        const auto [rows, n, qbytes, row] = packed_rows("quantize_blocks", x, out, bits, block);
+        const float* xp = x.data_ptr<float>();
+        uint8_t* op = out.data_ptr<uint8_t>();
+        py::gil_scoped_release nogil;
+        for (int64_t r = 0; r < rows; ++r)
+          quantize_blocks(xp + r * n, n, static_cast<int>(bits), block, op + r * row,
+                          reinterpret_cast<float*>(op + r * row + qbytes));
+      },
+      py::arg("x"), py::arg("out"), py::arg("bits"), py::arg("block"),
+      "Packs each row of x (float32) into out as block-quantized integers and float32 scales");
+  m.def(
+      "dequantize_blocks",
+      [packed_rows](const at::Tensor& packed, const at::Tensor& out, int64_t bits, int64_t block) {
+        const auto [rows, n, qbytes, row] = packed_rows("dequantize_blocks", out, packed, bits, block);
+        const uint8_t* pp = packed.data_ptr<uint8_t>();
+        float* op = out.data_ptr<float>();
+        py::gil_scoped_release nogil;
+        for (int64_t r = 0; r < rows; ++r)
+          dequantize_blocks(pp + r * row, reinterpret_cast<const float*>(pp + r * row + qbytes), n,
+                            static_cast<int>(bits), block, op + r * n);
+      },
+      py::arg("packed"), py::arg("out"), py::arg("bits"), py::arg("block"),
+      "Unpacks quantize_blocks' rows into out (float32, one row of n values per packed row)");
   m.def(
       "copy_bytes",
       [](const at::Tensor& dst, const at::Tensor& src, bool streaming) {

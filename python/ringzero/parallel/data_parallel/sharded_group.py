@@ -13,9 +13,13 @@ Buffers (1D = flat, padded to a multiple of the world size; shard = 1/N of it):
   grad_flat     1D padded, reduce_dtype: this rank's gradients of the group, input of the reduction
                 (kept between steps under ALL_REDUCE, where gradients are replicated; transient under
                 REDUCE_SCATTER)
+  secondary     zeropp hpz only: 1D padded / ranks-per-host, param_dtype: this rank's chunk of `full` in a
+                split over its host's ranks, copied after each gather from the masters; while the masters
+                are unchanged, gathers read it over the host instead (zeropp.py)
 """
 from __future__ import annotations
 
+import collections
 import enum
 
 import torch
@@ -23,7 +27,9 @@ import torch.nn as nn
 
 from ... import comm
 from ...comm.types import ReduceOp
+from . import quantize as qz
 from .flat import FlatLayout
+from .zeropp import QuantizedReduceScatter, ZeroPP
 
 
 class ParamState(enum.Enum):
@@ -39,6 +45,16 @@ class GradReduction(enum.Enum):
     REDUCE_SCATTER = "reduce_scatter"  # stages 2-3: averaged into a fresh shard; grad_flat dropped
 
 
+class _FutureWork:
+    """A concurrent.futures.Future with the wait() of a collective's work."""
+
+    def __init__(self, future):
+        self.future = future
+
+    def wait(self):
+        self.future.result()
+
+
 class ShardedGroup:
     """named_params: (name, Parameter) of this group, in flat order; every rank passes the same list.
 
@@ -46,7 +62,8 @@ class ShardedGroup:
     their .data becomes views into `full` (or empty while sharded). Starts UNSHARDED; free() shards it."""
 
     def __init__(self, named_params, group, world: int, rank: int, reduction: GradReduction,
-                 param_dtype: torch.dtype, reduce_dtype: torch.dtype, master_device: torch.device):
+                 param_dtype: torch.dtype, reduce_dtype: torch.dtype, master_device: torch.device,
+                 zeropp: ZeroPP = ZeroPP(), split=None):
         self.layout = FlatLayout(named_params, world, rank)
         self._slots = {id(s.param): s for s in self.layout.slots}
         self.group, self.reduction = group, reduction
@@ -77,22 +94,66 @@ class ShardedGroup:
             s.param.data = self.layout.view(self.full, s)
         self.state = ParamState.UNSHARDED
         self.gathered_version = self.master._version
+        self._init_zeropp(zeropp, split)
+
+    def _init_zeropp(self, zeropp: ZeroPP, split):
+        """zeropp's buffers (zeropp.py); collective where they are registered, like the master."""
+        lay, cpu = self.layout, self.compute_device.type == "cpu"
+        self.zeropp, self.split = zeropp, split
+        self._gather_kind = None
+        self.gathers = collections.Counter()  # gathers started, by source: master, qw, secondary
+        self.secondary = None
+        self._secondary_version = None  # master._version the secondary was taken at; None: not valid
+        several = split is not None and split.several_hosts
+        if zeropp.hpz and several:
+            n = lay.padded_numel // split.local_world
+            self.secondary = (comm.flat_zeros(n, self.param_dtype, self.compute_device, split.host_group) if cpu
+                              else torch.zeros(n, dtype=self.param_dtype, device=self.compute_device))
+        self._qw_bytes = qz.packed_bytes(lay.shard_numel, 8, zeropp.block) if zeropp.qw else 0
+        self._qw_send = (comm.flat_zeros(self._qw_bytes, torch.uint8, self.compute_device, self.group)
+                         if zeropp.qw else None)
+        self._qw_recv = None
+        self._qg = None
+        if zeropp.qg_bits and several and self.reduction is GradReduction.REDUCE_SCATTER:
+            self._qg = QuantizedReduceScatter(split, lay.shard_numel, lay.world, zeropp.qg_bits, zeropp.block,
+                                              zeropp.error_feedback)
+
+    def secondary_valid(self) -> bool:
+        """hpz: the secondary holds the weights of the current masters."""
+        return self.secondary is not None and self._secondary_version == self.master._version
+
+    def drop_secondary(self):
+        """The masters were written behind their version counter: the next gather reads them."""
+        self._secondary_version = None
 
     # ---- parameters ----------------------------------------------------------------------------
     def gather_async(self):
         """Starts the all-gather of the master shards (as param_dtype) into `full`. Every rank of the
         group must call it, in the same order as its other collectives."""
         master = self.master.detach()
-        if master.dtype == self.param_dtype and master.device == self.compute_device:
-            # Read in place (no copy of the shard while the gather is in flight): nothing writes the
-            # master between here and the wait, which checks that.
-            self._gather_input = master
-        else:
-            self._gather_input = master.to(self.compute_device, self.param_dtype, copy=True)
         storage = self.full.untyped_storage()
         if storage.nbytes() != self._full_bytes:
             storage.resize_(self._full_bytes)
-        self._gather_work = comm.all_gather_single(self.full, self._gather_input, group=self.group, async_op=True)
+        self._gather_input = None
+        if self.secondary_valid():  # hpz: over the host only, from the weights the masters last gave
+            self._gather_kind = "secondary"
+            self._gather_work = comm.all_gather_single(self.full, self.secondary, group=self.split.host_group,
+                                                       async_op=True)
+        elif self._qw_send is not None:  # qw: int8 blocks of the float32 master, dequantized at the wait
+            self._gather_kind = "qw"
+            qz.quantize(master.to(self.compute_device), 8, self.zeropp.block, out=self._qw_send)
+            self._qw_recv = torch.empty(self.layout.world * self._qw_bytes, dtype=torch.uint8, device=self.compute_device)
+            self._gather_work = comm.all_gather_single(self._qw_recv, self._qw_send, group=self.group, async_op=True)
+        else:
+            self._gather_kind = "master"
+            if master.dtype == self.param_dtype and master.device == self.compute_device:
+                # Read in place (no copy of the shard while the gather is in flight): nothing writes the
+                # master between here and the wait, which checks that.
+                self._gather_input = master
+            else:
+                self._gather_input = master.to(self.compute_device, self.param_dtype, copy=True)
+            self._gather_work = comm.all_gather_single(self.full, self._gather_input, group=self.group, async_op=True)
+        self.gathers[self._gather_kind] += 1
         self.state = ParamState.GATHERING
         self.gathered_version = self.master._version
 
@@ -108,7 +169,17 @@ class ShardedGroup:
     def _wait_gather(self):
         self._gather_work.wait()
         self._gather_work = self._gather_input = None
+        lay, kind = self.layout, self._gather_kind
+        if kind == "qw":
+            qz.dequantize(self._qw_recv.view(lay.world, self._qw_bytes), lay.shard_numel, 8, self.zeropp.block,
+                          out=self.full.view(lay.world, lay.shard_numel))
+            self._qw_recv = None
+        if self.secondary is not None and kind != "secondary":
+            n, i = self.secondary.numel(), self.split.host_position
+            self.secondary.copy_(self.full[i * n:(i + 1) * n])
+            self._secondary_version = self.gathered_version
         if self.master._version != self.gathered_version:
+            self._secondary_version = None
             raise RuntimeError("ZeroDataParallel: a master shard was modified in place while its all-gather was in "
                                "flight (an optimizer step between a forward and its backward?); step the optimizer after "
                                "backward")
@@ -143,6 +214,9 @@ class ShardedGroup:
         fresh shard. Every rank of the group must call it, in the same order as its other collectives."""
         if self.reduction is GradReduction.ALL_REDUCE:
             self._reduce_work = comm.all_reduce(self.grad_flat, op=ReduceOp.AVG, group=self.group, async_op=True)
+        elif self._qg is not None:  # qg: in the host in full precision, across hosts quantized (zeropp.py)
+            self._reduce_out = torch.empty(self.layout.shard_numel, dtype=torch.float32, device=self.compute_device)
+            self._reduce_work = _FutureWork(self._qg.start(self.grad_flat, self._reduce_out))
         else:
             self._reduce_out = torch.empty(self.layout.shard_numel, dtype=self.reduce_dtype, device=self.compute_device)
             self._reduce_work = comm.reduce_scatter_single(self._reduce_out, self.grad_flat, op=ReduceOp.AVG,
@@ -184,4 +258,6 @@ class ShardedGroup:
         grads = self.grad_flat.numel() * self.grad_flat.element_size() if self.grad_flat is not None else 0
         if self.master.grad is not None and not self._grad_is_view():
             grads += self.master.grad.numel() * 4
+        if self.secondary is not None:
+            full += self.secondary.numel() * self.secondary.element_size()
         return {"params": full, "grads": grads, "master": self.master.numel() * 4}

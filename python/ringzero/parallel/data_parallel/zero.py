@@ -32,6 +32,8 @@ from .sharded_group import ShardedGroup
 from .zero_buckets import ReplicatedGradBuckets, ShardedGradBuckets
 from .zero_sharding import ShardSpec, ZeroSharding
 from .zero_units import ShardedUnits
+from .zeropp import HostSplit
+from .zeropp import parse as zeropp_parse
 
 _LIVE: "weakref.WeakSet[ZeroDataParallel]" = weakref.WeakSet()
 
@@ -79,13 +81,17 @@ class ZeroDataParallel(nn.Module):
       which of its elements a rank's shard holds, depend on the parameter alone: a weight that two
       modules on different ranks share (an embedding tied to the LM head on the first and the last
       pipeline stage) then has the same shard on both, and group_of(p).master.grad can be exchanged.
+    zeropp: stage 3 across hosts: ZeRO++'s options (zeropp.py), names as 'hpz,qw,qg' or a list: hpz (a
+      secondary shard of the weights in each host: backward's all-gather stays in the host), qw (the
+      weights' all-gather in block-quantized int8), qg / qg4 / qg8 (gradients reduced across hosts from
+      int4 / int8 partial sums), ef (error feedback for qg). CPU tensors only.
     find_unused_parameters is implied: a parameter that gets no gradient contributes zeros (as in
     DeepSpeed and FSDP's flat parameters), so weight decay still applies to it.
     """
 
     def __init__(self, module: nn.Module, stage: int = 2, process_group=None, param_dtype=None,
                  reduce_dtype=torch.float32, bucket_cap_mb: float = 25, unit=None, prefetch: bool = True,
-                 reshard_after_forward: bool = True, offload_optimizer: bool = False, own_bucket=()):
+                 reshard_after_forward: bool = True, offload_optimizer: bool = False, own_bucket=(), zeropp=None):
         super().__init__()
         if not isinstance(module, nn.Module):
             raise TypeError(f"ZeroDataParallel: module must be an nn.Module, got {type(module).__name__}")
@@ -102,6 +108,10 @@ class ZeroDataParallel(nn.Module):
         if not all(any(p is q for q in module.parameters()) for p in own_bucket):
             raise ValueError("ZeroDataParallel: every own_bucket parameter must be a parameter of module")
         cap_bytes = check_bucket_cap(bucket_cap_mb) if stage < 3 else None
+        self.zeropp = zeropp_parse(zeropp, "ZeroDataParallel: zeropp")
+        if self.zeropp.any and stage != 3:
+            raise ValueError(f"ZeroDataParallel: zeropp={self.zeropp.names()!r} applies to stage 3 only (got stage={stage}); "
+                             "drop zeropp or use stage=3")
         self.module = module
         self.stage = stage
         self.group = resolve_group(process_group, "ZeroDataParallel")
@@ -113,8 +123,12 @@ class ZeroDataParallel(nn.Module):
 
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         compute_device = named[0][1].device if named else torch.device("cpu")
+        if self.zeropp.any and compute_device.type != "cpu":
+            raise ValueError(f"ZeroDataParallel: zeropp={self.zeropp.names()!r} runs on CPU tensors only so far (the module "
+                             f"is on {compute_device}); drop zeropp")
+        self.split = HostSplit(self.group) if self.zeropp.any else None
         spec = ShardSpec(self.group, self.world, self.rank, self.param_dtype, reduce_dtype,
-                         torch.device("cpu") if offload_optimizer else compute_device)
+                         torch.device("cpu") if offload_optimizer else compute_device, self.zeropp, self.split)
         # The one place the stage is read: the sharding built here does the rest.
         self.sharding: ZeroSharding
         if stage == 3:
@@ -164,6 +178,8 @@ class ZeroDataParallel(nn.Module):
         """Says that the master shards were written behind their version counters (a checkpoint load, an
         optimizer that writes .data): the next gather_params gathers every one of them."""
         self._stale = True
+        for g in self.groups:
+            g.drop_secondary()
 
     # ---- optimizer-side helpers ----------------------------------------------------------------
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:

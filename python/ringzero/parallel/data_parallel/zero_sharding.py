@@ -14,6 +14,7 @@ import torch.nn as nn
 
 from .grad_ready import GradReadyTracker
 from .sharded_group import GradReduction, ShardedGroup
+from .zeropp import HostSplit, ZeroPP
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,11 +31,17 @@ class ShardSpec:
     """dtype the gradients are reduced in."""
     master_device: torch.device
     """Where the float32 master shards (and so the optimizer state) live: the compute device, or the CPU."""
+    zeropp: ZeroPP = ZeroPP()
+    """Stage 3's ZeRO++ options (zeropp.py)."""
+    split: HostSplit | None = None
+    """The group's hosts and subgroups, where zeropp has options that use them."""
 
-    def make(self, named_params, reduction: GradReduction) -> ShardedGroup:
-        """A ShardedGroup of `named_params` (UNSHARDED: the caller frees it if it starts sharded)."""
+    def make(self, named_params, reduction: GradReduction, secondary: bool = True) -> ShardedGroup:
+        """A ShardedGroup of `named_params` (UNSHARDED: the caller frees it if it starts sharded).
+        secondary=False: no hpz secondary for this group (one gathered once per step, such as stage 3's root)."""
+        zeropp = self.zeropp if secondary else dataclasses.replace(self.zeropp, hpz=False)
         return ShardedGroup(named_params, self.group, self.world, self.rank, reduction, self.param_dtype,
-                            self.reduce_dtype, self.master_device)
+                            self.reduce_dtype, self.master_device, zeropp, self.split)
 
 
 class ZeroSharding:

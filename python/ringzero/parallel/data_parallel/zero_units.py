@@ -138,7 +138,8 @@ class ShardedUnits(ZeroSharding):
         unit_modules, unit_named, root_named = resolve_units(module, unit, named)
         # Each group is freed as soon as it is built: a rank never holds more than one unit's full weights.
         unit_groups = [self._sharded(spec.make(u, GradReduction.REDUCE_SCATTER)) for u in unit_named]
-        self.root = (self._sharded(spec.make(root_named, GradReduction.REDUCE_SCATTER))
+        # The root stays gathered from forward to the end of backward: an hpz secondary would never be read.
+        self.root = (self._sharded(spec.make(root_named, GradReduction.REDUCE_SCATTER, secondary=False))
                      if root_named or not unit_groups else None)
         root = [self.root] if self.root is not None else []
         self.scheduler = UnitScheduler(unit_modules, unit_groups, prefetch, reshard_after_forward)

@@ -1,0 +1,177 @@
+"""ZeRO++-style communication for ZeRO-3 across hosts (Wang et al. 2023): fewer bytes on the link between
+hosts, where ringzero's collectives already run at the link's bound.
+
+  hpz   a secondary copy of each unit's weights, sharded over the ranks of one host: the all-gather of a
+        unit's backward (and of any forward before the next optimizer step) runs in shared memory and
+        never crosses hosts. Costs padded_numel / ranks-per-host parameters per rank, per unit, kept
+        between forward and the next step.
+  qw    the all-gather of the weights from the master shards in block-quantized int8 (quantize.py: a
+        float32 scale per block of 256 values): a quarter of float32's bytes. The masters and the
+        optimizer stay float32; forward and backward read the dequantized weights (the same on every rank,
+        and the same in backward as in forward).
+  qg    the gradients' reduce-scatter as a hierarchical all-to-all: in the host in full precision (shared
+        memory), then across hosts each host's partial sums quantized once (int4 for `qg`/`qg4`, int8 for
+        `qg8`), exchanged with one all-to-all among the ranks of one local index, and summed in float32
+        by the receiver. One quantization per value whatever the number of hosts and ranks, so the error
+        does not grow with them; `ef` keeps each rank's quantization error and adds it to its next step's
+        partial sums (error feedback).
+
+On one host hpz and qg change nothing (there is no link to save), and qw still quantizes (it is the user's
+choice; it only costs there). CPU tensors only for now: the CUDA kernels of issue 46 are not written.
+Every rank of the group must pass the same options.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+
+import torch
+import torch.distributed as dist
+
+from ... import comm
+from ...comm.communicator import get_communicator
+from ...comm.types import ReduceOp
+from . import quantize as qz
+
+NAMES = ("hpz", "qw", "qg", "qg4", "qg8", "ef")
+
+
+@dataclasses.dataclass(frozen=True)
+class ZeroPP:
+    hpz: bool = False
+    qw: bool = False
+    qg_bits: int = 0
+    """0: gradients reduce-scattered in full precision; 8 or 4: quantized across hosts."""
+    error_feedback: bool = False
+    block: int = 256
+
+    @property
+    def any(self) -> bool:
+        return self.hpz or self.qw or bool(self.qg_bits)
+
+    def names(self) -> str:
+        parts = (["hpz"] if self.hpz else []) + (["qw"] if self.qw else []) + \
+                ([f"qg{self.qg_bits}"] if self.qg_bits else []) + (["ef"] if self.error_feedback else [])
+        return ",".join(parts) or "none"
+
+
+def parse(value, where: str = "zeropp") -> ZeroPP:
+    """None, a ZeroPP, or names (a comma-separated string or a list) from NAMES: 'qg' is int4 ('qg4'), as
+    ZeRO++'s; 'ef' (error feedback) needs one of the qg names."""
+    if value is None or value == "" or value == "none":
+        return ZeroPP()
+    if isinstance(value, ZeroPP):
+        return value
+    items = value.split(",") if isinstance(value, str) else list(value)
+    names = [str(v).strip().lower() for v in items if str(v).strip()]
+    bad = [n for n in names if n not in NAMES]
+    if bad:
+        raise ValueError(f"{where}: unknown option(s) {bad}; choose from {', '.join(NAMES)} (e.g. 'hpz,qw,qg')")
+    qg = [n for n in names if n.startswith("qg")]
+    if len(set(qg)) > 1:
+        raise ValueError(f"{where}: give one of qg, qg4, qg8, got {qg}")
+    bits = {"qg": 4, "qg4": 4, "qg8": 8}[qg[0]] if qg else 0
+    if "ef" in names and not bits:
+        raise ValueError(f"{where}: 'ef' (error feedback) applies to quantized gradients; add qg, qg4 or qg8")
+    return ZeroPP(hpz="hpz" in names, qw="qw" in names, qg_bits=bits, error_feedback="ef" in names)
+
+
+class HostSplit:
+    """The hosts of a ZeRO group, as ringzero's topology sees them (RINGZERO_HOST_ID included), and the two
+    kinds of subgroups ZeRO++ needs: the group's ranks on this host (`host_group`, for hpz's secondary
+    all-gather and qg's in-host reduce-scatter) and this rank's cross-host group (the ranks of the same
+    local index on every host, for qg's all-to-all). Collective: every rank of `group` builds every
+    subgroup (dist.new_group), in the same order."""
+
+    def __init__(self, group, where: str = "ZeroDataParallel"):
+        c = get_communicator(group, "zeropp")
+        hosts = list(c.hosts.values())  # group ranks per host, hosts in order of their lowest rank
+        if len({len(h) for h in hosts}) != 1:
+            sizes = {h: len(r) for h, r in c.hosts.items()}
+            raise ValueError(f"{where}: zeropp needs the same number of ranks on every host, got {sizes}; "
+                             "run as many ranks per host on each, or drop zeropp")
+        self.hosts = hosts
+        self.num_hosts, self.local_world = len(hosts), len(hosts[0])
+        self.rank = c.rank
+        self.host_index = next(i for i, h in enumerate(hosts) if c.rank in h)
+        self.local_index = hosts[self.host_index].index(c.rank)
+        glob = c.global_ranks
+        # dist.new_group orders a subgroup's ranks by global rank: so do these lists, which say which group
+        # rank is at each position of a subgroup.
+        self.host_order = sorted(hosts[self.host_index], key=lambda r: glob[r])  # host-group position -> rank
+        cross_hosts = [sorted(range(self.num_hosts), key=lambda h: glob[hosts[h][j]])
+                       for j in range(self.local_world)]  # per local index: cross-group position -> host
+        self.cross_hosts = cross_hosts[self.local_index]
+        self.host_position = self.host_order.index(c.rank)
+        self.cross_position = self.cross_hosts.index(self.host_index)
+        self.host_group = group if self.num_hosts == 1 else None
+        self.cross_group = None
+        if self.num_hosts > 1:
+            for h, ranks in enumerate(hosts):
+                g = dist.new_group(sorted(glob[r] for r in ranks))
+                if h == self.host_index:
+                    self.host_group = g
+            for j in range(self.local_world):
+                g = dist.new_group(sorted(glob[h[j]] for h in hosts))
+                if j == self.local_index:
+                    self.cross_group = g
+        # qg's in-host reduce-scatter input: the gradient blocks rearranged so that host position i's
+        # chunk holds the blocks of the cross group of position i's rank, in that group's order.
+        order = []
+        for member in self.host_order:
+            j = hosts[self.host_index].index(member)
+            order += [hosts[h][j] for h in cross_hosts[j]]
+        self.gather_rows = torch.tensor(order, dtype=torch.long)
+        self._executor = None
+
+    @property
+    def several_hosts(self) -> bool:
+        return self.num_hosts > 1
+
+    def background(self) -> concurrent.futures.ThreadPoolExecutor:
+        """One thread for qg's cross-host steps, in submission order (the same on every rank)."""
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ringzero-zeropp")
+        return self._executor
+
+    def close(self):
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+
+
+class QuantizedReduceScatter:
+    """qg for one flat group: out (shard numel c, float32) = the AVG over the group of block `rank` of
+    grad_flat (world * c), reduced in the host in full precision and across hosts from quantized partials.
+    start() issues the in-host reduce-scatter on the calling thread (so every rank orders it among the host
+    group's collectives alike) and the rest on the split's background thread; the returned future's
+    result() waits."""
+
+    def __init__(self, split: HostSplit, shard_numel: int, world: int, bits: int, block: int, error_feedback: bool):
+        self.split, self.c, self.world = split, shard_numel, world
+        self.bits, self.block = bits, block
+        self.residual = torch.zeros(split.num_hosts, shard_numel) if error_feedback else None
+
+    def start(self, grad_flat: torch.Tensor, out: torch.Tensor) -> concurrent.futures.Future:
+        s, c, H = self.split, self.c, self.split.num_hosts
+        staged = grad_flat.view(self.world, c).index_select(0, s.gather_rows).view(-1)
+        part = torch.empty(H * c, dtype=grad_flat.dtype)
+        work = comm.reduce_scatter_single(part, staged, op=ReduceOp.SUM, group=s.host_group, async_op=True)
+        return s.background().submit(self._cross, work, part, out)
+
+    def _cross(self, work, part, out):
+        work.wait()
+        s, c, H = self.split, self.c, self.split.num_hosts
+        rows = part.view(H, c).float()  # row i: this host's partial sums for cross-group rank i's block
+        send = rows
+        if self.residual is not None:
+            send = rows + self.residual
+        packed = qz.quantize(send, self.bits, self.block)
+        if self.residual is not None:
+            self.residual.copy_(send - qz.dequantize(packed, c, self.bits, self.block))
+            self.residual[s.cross_position].zero_()  # the own row is never quantized (below)
+        recv = torch.empty_like(packed)
+        dist.all_to_all_single(recv, packed, group=s.cross_group)
+        partials = qz.dequantize(recv, c, self.bits, self.block)  # (H, c): every host's partials of my block
+        partials[s.cross_position] = rows[s.cross_position]  # this host's own, exact
+        out.copy_(partials.sum(dim=0).div_(self.world))
