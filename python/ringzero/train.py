@@ -58,6 +58,9 @@ def parse_args(argv=None):
                    "attention (default: --heads)")
     p.add_argument("--recompute", default="none", help="activation recomputation: none, selective (the attention "
                    "core between qkv and proj), full (each transformer block from its input); default none")
+    p.add_argument("--zeropp", default=None, help="zero3 across hosts: ZeRO++'s options, comma-separated: hpz (backward's "
+                   "gathers stay in the host), qw (int8 weight gathers), qg / qg8 (int4 / int8 gradients across hosts), "
+                   "ef (error feedback for qg); docs/data-parallel.md")
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--clip", type=float, default=1.0, help="global gradient-norm clip (0: off)")
     p.add_argument("--seed", type=int, default=0)
@@ -89,6 +92,17 @@ def parse_args(argv=None):
             p.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.val_every < 0 or args.save_every < 0:
         p.error("--val-every and --save-every must be >= 0")
+    if args.zeropp is not None:
+        from .parallel.data_parallel.zeropp import parse as parse_zeropp
+
+        try:
+            args.zeropp = parse_zeropp(args.zeropp, "--zeropp").names()
+        except ValueError as e:
+            p.error(str(e))
+        if "zero3" not in args.strategies:
+            p.error(f"--zeropp applies to zero3; add it to the runs (got {', '.join(args.strategies)})")
+        if args.device == "cuda":
+            p.error("--zeropp runs on CPU tensors only so far; drop it or use --device cpu")
     if (args.save_every or args.resume) and not args.checkpoint_dir:
         p.error("--save-every and --resume need --checkpoint-dir")
     if args.device == "cuda" and not torch.cuda.is_available():

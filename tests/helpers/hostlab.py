@@ -188,6 +188,12 @@ class HostLab:
         is closed (what a pulled cable or a dead switch port does)."""
         _sh("ip", "-n", self.lab_ns, "link", "set", f"port{host}", "down")
 
+    def sent_bytes(self) -> list[int]:
+        """Bytes each host has sent onto the lab's network so far (its bridge port's received bytes: whole
+        frames, TCP/IP headers included): the cross-host traffic, counted outside the hosts."""
+        return [int(_sh("ip", "netns", "exec", self.lab_ns, "cat", f"/sys/class/net/port{i}/statistics/rx_bytes"))
+                for i in range(self.hosts)]
+
     def shm_names(self, proc: subprocess.Popen) -> list[str]:
         """The names in /dev/shm of the host that `proc` (one of start()'s, still running) belongs to:
         `ip netns exec` and `unshare` exec in place, so proc's pid is in the host's mount namespace."""

@@ -86,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--schedule", choices=SCHEDULES, default="1f1b")
     s.add_argument("--recompute", choices=RECOMPUTE_KINDS, default="none", help="activation recomputation")
     s.add_argument("--bucket-mb", type=float, default=25.0, help="gradient bucket in MiB (default 25, as torch DDP)")
+    s.add_argument("--zeropp", default="", help="zero3: ZeRO++'s options, e.g. hpz,qw,qg (needs --ranks-per-host)")
+    s.add_argument("--ranks-per-host", type=int, default=0, help="data-parallel ranks per host: the report then "
+                   "counts the bytes each host sends to the others per step (and --zeropp's in-host groups)")
     c = p.add_argument_group("cluster (for times and the largest model that fits)")
     c.add_argument("--cluster", help=f"COUNTxNAME or NAME, NAME one of {', '.join(PRESETS)} (e.g. 8xH100)")
     c.add_argument("--intra-gbps", type=float, help="intra-node link, gigabits/s per GPU and direction")
@@ -180,7 +183,10 @@ def _plans(args, world: int) -> list[Plan]:
         m = args.microbatches if args.microbatches is not None else pp
         plans.append(Plan(strategy=name, world=world, pp=pp, tp=args.tp, sequence_parallel=args.sequence_parallel,
                           microbatches=m, schedule=args.schedule,
-                          recompute=args.recompute, bucket_bytes=max(1, int(args.bucket_mb * 2**20))))
+                          recompute=args.recompute, bucket_bytes=max(1, int(args.bucket_mb * 2**20)),
+                          zeropp=args.zeropp if name == "zero3" else "", ranks_per_host=args.ranks_per_host))
+    if args.zeropp and "zero3" not in names:
+        raise ValueError(f"--zeropp applies to zero3; add it to --strategy (got {', '.join(names)})")
     if args.pp is not None and args.pp > 1 and not any(n.startswith("pp") for n in names):
         raise ValueError(f"--pp {args.pp} needs a pipeline strategy (pp, pp+zero1, pp+zero2)")
     return plans

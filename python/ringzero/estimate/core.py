@@ -198,6 +198,9 @@ def _stage_memory(stage: int, layers, params: int, shape, micro, precision: Prec
         # backward per step it is a view of the reduced buffer; with 16-bit gradients, or when later
         # micro-batches reuse the buffer, it is a copy, held across the step. The paper leaves it out.
         st.transient_terms["ZeRO-1 float32 gradient of the master shard"] = _shard(params, dp) * 4
+    if z >= 3 and plan.zeropp_options.hpz and plan.dp // plan.ranks_per_host > 1:
+        st.transient_terms["ZeRO++ hpz secondary shard (parameters / ranks per host), kept from forward to the step"] = (
+            _shard(params, plan.ranks_per_host) * precision.param_bytes)
     if z >= 3 and shape is not None:
         unit = max(shape.layer_params(plan.tp), shape.embedding_params(plan.tp), shape.head_params(plan.tp))
         st.transient_terms["ZeRO-3 gathered units (the one in use and the prefetched next)"] = (
@@ -272,9 +275,14 @@ def _collectives(shape, layers, stage_params, micro, precision: Precision, plan:
             units = shape.n_layer + 2 if shape is not None else 1
             if shape is None:
                 notes.append("ZeRO-3 without layer shapes: one gather per pass counted (latency understated)")
-            rows.append(("parameters all-gather, forward", "all_gather", "dp", m * weights, m * units))
-            rows.append(("parameters all-gather, backward", "all_gather", "dp", m * weights, m * units))
-            rows.append(("gradients reduce-scatter", "reduce_scatter", "dp", m * grads, m * units))
+            zpp = plan.zeropp_options
+            hosts = plan.dp // plan.ranks_per_host if zpp.any else 1
+            if hosts > 1:
+                rows += _zeropp_rows(zpp, params, units, m, plan, precision, notes)
+            else:
+                rows.append(("parameters all-gather, forward", "all_gather", "dp", m * weights, m * units))
+                rows.append(("parameters all-gather, backward", "all_gather", "dp", m * weights, m * units))
+                rows.append(("gradients reduce-scatter", "reduce_scatter", "dp", m * grads, m * units))
     if plan.pp > 1:
         if shape is None or micro is None:
             notes.append("pipeline activations between stages not counted (give the model shape and --batch)")
@@ -286,6 +294,59 @@ def _collectives(shape, layers, stage_params, micro, precision: Precision, plan:
     if plan.tp > 1:
         rows += tensor_parallel_rows(shape, layers, micro, precision.act_bytes, plan, notes)
     return rows, notes
+
+
+def _zeropp_rows(zpp, params: int, units: int, m: int, plan: Plan, precision: Precision, notes: list) -> list:
+    """ZeRO-3's rows with ZeRO++'s options across hosts (parallel/data_parallel/zeropp.py). Groups: 'dp' (all
+    data-parallel ranks), 'dp-host' (a host's: L) and 'dp-cross' (one per host: H = dp / L). Block
+    quantization adds a float32 scale per zpp.block values."""
+    L, H = plan.ranks_per_host, plan.dp // plan.ranks_per_host
+    weights, grads = params * precision.param_bytes, params * precision.grad_bytes
+    q8 = params * (1 + 4 / zpp.block)  # int8 values and their scales
+    rows = []
+    # Gathers from the masters: the first forward of each step (every gather without hpz).
+    from_masters = m if zpp.hpz else 2 * m
+    if zpp.qw:  # across hosts (H shards per call), then in the host (all dp shards)
+        rows.append(("weights all-gather, int8 (qw), across hosts", "all_gather", "dp-cross",
+                     from_masters * q8 * H / plan.dp, from_masters * units))
+        rows.append(("weights all-gather, int8 (qw), in the host", "all_gather", "dp-host",
+                     from_masters * q8, from_masters * units))
+    else:
+        rows.append(("parameters all-gather from the masters", "all_gather", "dp", from_masters * weights,
+                     from_masters * units))
+    if zpp.hpz:  # every other gather of the step reads the in-host secondary shard
+        rows.append(("weights all-gather from the secondary (hpz)", "all_gather", "dp-host",
+                     (2 * m - from_masters) * weights, (2 * m - from_masters) * units))
+    if zpp.qg_bits:  # reduce-scatter in the host (full precision), then an all-to-all of H quantized rows
+        rows.append(("gradients reduce-scatter in the host (qg)", "reduce_scatter", "dp-host", m * grads, m * units))
+        per_row = params / plan.dp * (zpp.qg_bits / 8 + 4 / zpp.block)
+        rows.append((f"gradients all-to-all, int{zpp.qg_bits} (qg), across hosts", "all_to_all", "dp-cross",
+                     m * H * per_row, m * units))
+    else:
+        rows.append(("gradients reduce-scatter", "reduce_scatter", "dp", m * grads, m * units))
+    notes.append(f"ZeRO++ {zpp.names()}: {H} hosts x {L} ranks; block padding and the float32 scales of partial "
+                 "blocks are not counted")
+    return rows
+
+
+def cross_host_bytes(e: "Estimate") -> float | None:
+    """Bytes each host sends to the others per step (payload, without frame headers), for data-parallel
+    training with plan.ranks_per_host ranks per host: the 'dp' collectives hierarchical ((H-1)/H of an
+    all-gather's or reduce-scatter's buffer per host, twice that for an all-reduce), the 'dp-cross' ones
+    ring or pairwise (each of the host's L ranks sends its share), 'dp-host' none. None without
+    ranks_per_host or with pipeline or tensor parallelism."""
+    plan = e.plan
+    L = plan.ranks_per_host
+    if not L or plan.pp > 1 or plan.tp > 1:
+        return None
+    H = plan.dp // L
+    total = 0.0
+    for c in e.collectives:
+        if c.group == "dp":
+            total += (2 if c.op == "all_reduce" else 1) * (H - 1) / H * c.nbytes
+        elif c.group == "dp-cross":
+            total += L * c.sent_per_rank
+    return total
 
 
 def estimate(model, batch: int | None = None, precision: Precision | None = None, plan: Plan | None = None,
@@ -312,7 +373,8 @@ def estimate(model, batch: int | None = None, precision: Precision | None = None
     rows, notes = _collectives(shape, layers, stage_params, micro, precision, plan)
     collectives = []
     for what, op, group, nbytes, calls in rows:
-        size = {"dp": plan.dp, "pp": plan.pp, "tp": plan.tp}[group]
+        L = plan.ranks_per_host or plan.dp
+        size = {"dp": plan.dp, "pp": plan.pp, "tp": plan.tp, "dp-host": L, "dp-cross": plan.dp // L}[group]
         c = Collective(what, op, group, size, nbytes, calls, sent_per_rank(op, nbytes, size))
         if cluster is not None:
             c.times_s = {algo: calls * t for algo, t in
@@ -329,6 +391,9 @@ def _worst_group(group: str, plan: Plan, cluster: Cluster) -> GroupShape:
     """The group spanning the most nodes (ranks pipeline-major, tensor innermost:
     rank = (stage * dp + dp_index) * tp + tp_index)."""
     g = cluster.gpus_per_node
+    if group in ("dp-host", "dp-cross"):  # ZeRO++'s subgroups: one host's ranks, one rank of every host
+        L = plan.ranks_per_host
+        return GroupShape(L, 1, L) if group == "dp-host" else GroupShape(plan.dp // L, plan.dp // L, 1)
     if plan.world > g and plan.world % g:
         raise ValueError(f"world={plan.world} does not fill whole {g}-GPU nodes; use a multiple of {g} "
                          f"or set --gpus-per-node")

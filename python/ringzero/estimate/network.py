@@ -33,7 +33,7 @@ import re
 
 from .checks import positive_ints
 
-OPS = ("all_reduce", "reduce_scatter", "all_gather", "send_recv")
+OPS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "send_recv")
 ALGORITHMS = ("ring", "one-shot", "two-shot", "hierarchical")
 
 # Latency per algorithm step: assumed values (a few microseconds, the order of NCCL's own latency
@@ -233,6 +233,11 @@ def collective_times(op: str, nbytes: float, shape: GroupShape, cluster: Cluster
     if nbytes < 0:
         raise ValueError(f"nbytes must be >= 0, got {nbytes!r}")
     n = shape.n
+    if op == "all_to_all":  # n - 1 exchanges of nbytes / n (the pairwise algorithm gloo and NCCL run)
+        link = cluster.intra if shape.nodes == 1 else Link(
+            min(cluster.intra.bytes_per_s, cluster.inter.bytes_per_s, cluster.host_bytes_per_s or math.inf),
+            max(cluster.intra.latency_s, cluster.inter.latency_s))
+        return {"ring": _ring("all_gather", nbytes, n, link)}
     if shape.nodes == 1:
         link = cluster.intra
         if op == "send_recv":
@@ -256,5 +261,6 @@ def sent_per_rank(op: str, nbytes: float, n: int) -> float:
     one-shot all-reduce must at least move (nccl-tests' bus-bandwidth factor times M)."""
     if op == "send_recv":
         return nbytes
-    factor = {"all_reduce": 2 * (n - 1) / n, "reduce_scatter": (n - 1) / n, "all_gather": (n - 1) / n}[op]
+    factor = {"all_reduce": 2 * (n - 1) / n, "reduce_scatter": (n - 1) / n, "all_gather": (n - 1) / n,
+              "all_to_all": (n - 1) / n}[op]
     return factor * nbytes

@@ -114,6 +114,10 @@ class Plan:
     layers_per_stage: tuple | None = None
     """Blocks on each pipeline stage, first to last (None: as even as possible, earlier stages taking
     the extra). ringzero's split(by='params') may place them otherwise; pass its counts to compare."""
+    zeropp: str = ""
+    """zero3 only: ZeRO++'s options as ZeroDataParallel takes them (e.g. 'hpz,qw,qg'); needs ranks_per_host."""
+    ranks_per_host: int = 0
+    """Data-parallel ranks per host where zeropp is set (the in-host groups of hpz and qg); must divide dp."""
     layout: Layout = dataclasses.field(init=False, repr=False, compare=False)
     """Derived: strategy, world, pp and tp validated by parallel.layout's rules, shared with `ringzero train`."""
 
@@ -133,6 +137,24 @@ class Plan:
             object.__setattr__(self, "layers_per_stage", lps)
         if self.recompute not in RECOMPUTE_KINDS:
             raise ValueError(f"recompute={self.recompute!r}: use one of {RECOMPUTE_KINDS}")
+        if self.zeropp:
+            from ..parallel.data_parallel.zeropp import parse
+
+            names = parse(self.zeropp, "zeropp").names()
+            object.__setattr__(self, "zeropp", "" if names == "none" else names)
+        if self.zeropp:
+            if self.strategy != "zero3":
+                raise ValueError(f"zeropp={self.zeropp!r} applies to zero3, not {self.strategy}")
+            if self.ranks_per_host < 1 or self.dp % self.ranks_per_host:
+                raise ValueError(f"zeropp needs ranks_per_host, a divisor of the {self.dp} data-parallel ranks "
+                                 f"(got {self.ranks_per_host})")
+
+    @property
+    def zeropp_options(self):
+        """The parsed zeropp (a ringzero.parallel.data_parallel.zeropp.ZeroPP)."""
+        from ..parallel.data_parallel.zeropp import parse
+
+        return parse(self.zeropp or None)
 
     @property
     def dp(self) -> int:

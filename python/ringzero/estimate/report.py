@@ -1,7 +1,7 @@
 """Plain-text tables of an Estimate: memory per GPU, communication per step, collective times."""
 from __future__ import annotations
 
-from .core import Estimate, optimizer_bytes_per_param
+from .core import Estimate, cross_host_bytes, optimizer_bytes_per_param
 from .network import ALGORITHMS
 
 
@@ -75,6 +75,10 @@ def comm_lines(est: Estimate) -> list[str]:
         lines.append(f"  {c.what:<48} {c.op:<15} {c.group + ' x' + str(c.group_size):>7} {fmt_bytes(c.nbytes):>11} "
                      f"{c.calls:>6} {fmt_bytes(c.sent_per_rank):>11}")
     lines.append(f"  {'total sent per rank per step':<90}{fmt_bytes(est.sent_per_rank):>11}")
+    across = cross_host_bytes(est)
+    if across is not None:
+        lines.append(f"  {'sent by each host to the others per step (' + str(est.plan.ranks_per_host) + ' ranks per host)':<90}"
+                     f"{fmt_bytes(across):>11}")
     return lines
 
 

@@ -149,6 +149,7 @@ def _train(args, run: str, env: RankEnv, stop_meter=lambda: None):
         "strategy": run, "ranks": world, "steps": args.steps, "start_step": start,
         "params": n_params, "model": family.name, "device": str(env.device.type), "precision": env.precision,
         "recompute": getattr(args, "recompute", "none"),
+        "zeropp": layout.zero_stage == 3 and getattr(args, "zeropp", None) or None,
         "pipeline_transport": env.transport if layout.pipeline else None,
         "tp": layout.tp,
         "corpus": corpus_info(),

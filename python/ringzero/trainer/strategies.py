@@ -50,7 +50,8 @@ class DataParallelRun(Run):
         if stage == 0:
             wrapped = DistributedDataParallel(module)
         else:
-            wrapped = ZeroDataParallel(module, stage=stage, unit=family.block if stage == 3 else None)
+            wrapped = ZeroDataParallel(module, stage=stage, unit=family.block if stage == 3 else None,
+                                       zeropp=getattr(args, "zeropp", None) if stage == 3 else None)
         return cls(wrapped, fused_adamw(wrapped.parameters(), args), args, dist.get_world_size(), dist.get_rank())
 
     def loss(self, xs, ys):

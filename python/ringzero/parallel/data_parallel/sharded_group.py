@@ -110,9 +110,16 @@ class ShardedGroup:
             self.secondary = (comm.flat_zeros(n, self.param_dtype, self.compute_device, split.host_group) if cpu
                               else torch.zeros(n, dtype=self.param_dtype, device=self.compute_device))
         self._qw_bytes = qz.packed_bytes(lay.shard_numel, 8, zeropp.block) if zeropp.qw else 0
-        self._qw_send = (comm.flat_zeros(self._qw_bytes, torch.uint8, self.compute_device, self.group)
-                         if zeropp.qw else None)
-        self._qw_recv = None
+        self._qw_send = self._qw_cross = self._qw_recv = None
+        if zeropp.qw and several:
+            # Across hosts in two steps, each over its subgroup: the cross-host group's shards (one per host),
+            # then the host's (registered: read where it lies). The world's all-gather would take its flat
+            # ring below the pipelined sizes (3/4 of the bytes across 2 hosts x 2 ranks instead of 1/2).
+            self._qw_send = torch.empty(self._qw_bytes, dtype=torch.uint8, device=self.compute_device)
+            self._qw_cross = comm.flat_zeros(split.num_hosts * self._qw_bytes, torch.uint8, self.compute_device,
+                                             split.host_group)
+        elif zeropp.qw:
+            self._qw_send = comm.flat_zeros(self._qw_bytes, torch.uint8, self.compute_device, self.group)
         self._qg = None
         if zeropp.qg_bits and several and self.reduction is GradReduction.REDUCE_SCATTER:
             self._qg = QuantizedReduceScatter(split, lay.shard_numel, lay.world, zeropp.qg_bits, zeropp.block,
@@ -143,7 +150,12 @@ class ShardedGroup:
             self._gather_kind = "qw"
             qz.quantize(master.to(self.compute_device), 8, self.zeropp.block, out=self._qw_send)
             self._qw_recv = torch.empty(self.layout.world * self._qw_bytes, dtype=torch.uint8, device=self.compute_device)
-            self._gather_work = comm.all_gather_single(self._qw_recv, self._qw_send, group=self.group, async_op=True)
+            if self._qw_cross is not None:  # step 1 of 2 (the host's step at the wait)
+                self._gather_work = comm.all_gather_single(self._qw_cross, self._qw_send, group=self.split.cross_group,
+                                                           async_op=True)
+            else:
+                self._gather_work = comm.all_gather_single(self._qw_recv, self._qw_send, group=self.group,
+                                                           async_op=True)
         else:
             self._gather_kind = "master"
             if master.dtype == self.param_dtype and master.device == self.compute_device:
@@ -171,8 +183,18 @@ class ShardedGroup:
         self._gather_work = self._gather_input = None
         lay, kind = self.layout, self._gather_kind
         if kind == "qw":
-            qz.dequantize(self._qw_recv.view(lay.world, self._qw_bytes), lay.shard_numel, 8, self.zeropp.block,
-                          out=self.full.view(lay.world, lay.shard_numel))
+            rows = self.full.view(lay.world, lay.shard_numel)
+            order = None
+            if self._qw_cross is not None:  # step 2: the host's; rows arrive in HostSplit.gathered_ranks' order
+                comm.all_gather_single(self._qw_recv, self._qw_cross, group=self.split.host_group)
+                order = self.split.gathered_order
+            if order is None:
+                qz.dequantize(self._qw_recv.view(lay.world, self._qw_bytes), lay.shard_numel, 8, self.zeropp.block,
+                              out=rows)
+            else:
+                values = qz.dequantize(self._qw_recv.view(lay.world, self._qw_bytes), lay.shard_numel, 8,
+                                       self.zeropp.block)
+                rows.index_copy_(0, order, values.to(rows.dtype))
             self._qw_recv = None
         if self.secondary is not None and kind != "secondary":
             n, i = self.secondary.numel(), self.split.host_position

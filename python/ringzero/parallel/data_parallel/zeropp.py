@@ -122,6 +122,9 @@ class HostSplit:
             j = hosts[self.host_index].index(member)
             order += [hosts[h][j] for h in cross_hosts[j]]
         self.gather_rows = torch.tensor(order, dtype=torch.long)
+        # A gather over the cross-host group, then over the host group, gives the group ranks' blocks in
+        # this order (the same as gather_rows'); None where that is already group-rank order.
+        self.gathered_order = None if order == list(range(len(order))) else self.gather_rows
         self._executor = None
 
     @property
