@@ -79,8 +79,8 @@ def parse(value, where: str = "zeropp") -> ZeroPP:
 class HostSplit:
     """The hosts of a ZeRO group, as ringzero's topology sees them (RINGZERO_HOST_ID included), and the two
     kinds of subgroups ZeRO++ needs: the group's ranks on this host (`host_group`, for hpz's secondary
-    all-gather and qg's in-host reduce-scatter) and this rank's cross-host group (the ranks of the same
-    local index on every host, for qg's all-to-all). Collective: every rank of `group` builds every
+    all-gather and qg's in-host reduce-scatter) and this rank's cross-host groups (the ranks of the same
+    local index on every host: `cross_group` for qw's gather, `exchange_group` for qg's all-to-all). Collective: every rank of `group` builds every
     subgroup (dist.new_group), in the same order."""
 
     def __init__(self, group, where: str = "ZeroDataParallel"):
@@ -105,16 +105,20 @@ class HostSplit:
         self.host_position = self.host_order.index(c.rank)
         self.cross_position = self.cross_hosts.index(self.host_index)
         self.host_group = group if self.num_hosts == 1 else None
-        self.cross_group = None
+        self.cross_group = self.exchange_group = None
         if self.num_hosts > 1:
             for h, ranks in enumerate(hosts):
                 g = dist.new_group(sorted(glob[r] for r in ranks))
                 if h == self.host_index:
                     self.host_group = g
+            # Two groups of the same ranks per local index: ringzero's collectives (qw's gather, on the calling
+            # thread's order) and qg's all-to-all (on the background thread): two threads never issue calls
+            # on one process group, whose calls must come in the same order on every rank.
             for j in range(self.local_world):
-                g = dist.new_group(sorted(glob[h[j]] for h in hosts))
+                members = sorted(glob[h[j]] for h in hosts)
+                g, x = dist.new_group(members), dist.new_group(members)
                 if j == self.local_index:
-                    self.cross_group = g
+                    self.cross_group, self.exchange_group = g, x
         # qg's in-host reduce-scatter input: the gradient blocks rearranged so that host position i's
         # chunk holds the blocks of the cross group of position i's rank, in that group's order.
         order = []
@@ -174,7 +178,7 @@ class QuantizedReduceScatter:
             self.residual.copy_(send - qz.dequantize(packed, c, self.bits, self.block))
             self.residual[s.cross_position].zero_()  # the own row is never quantized (below)
         recv = torch.empty_like(packed)
-        dist.all_to_all_single(recv, packed, group=s.cross_group)
+        dist.all_to_all_single(recv, packed, group=s.exchange_group)
         partials = qz.dequantize(recv, c, self.bits, self.block)  # (H, c): every host's partials of my block
         partials[s.cross_position] = rows[s.cross_position]  # this host's own, exact
         out.copy_(partials.sum(dim=0).div_(self.world))
