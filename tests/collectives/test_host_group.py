@@ -87,3 +87,25 @@ def test_host_group_takes_any_forced_host_id_where_the_boot_id_is_unknown(monkey
     monkeypatch.setattr(host_group, "bind_at_setup", lambda *args: None)  # this process stays as it is
     g = HostGroup.from_store(dist.HashStore(), 0, 1, from_env(), 5.0, "test")
     assert g.topology.hosts == {"rack|7": [0]} and g.local_cpus >= 1
+
+
+def host_cpus_body(rank, world):
+    from ringzero.comm.communicator import get_communicator
+    whole = get_communicator(dist.group.WORLD).host_group.local_cpus
+    subgroups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    mine = subgroups[rank // 2]
+    ringzero.barrier(group=mine)
+    return whole, get_communicator(mine).host_group.local_cpus
+
+
+def test_subgroups_of_hosts_on_one_machine_share_its_cores_as_the_job_does():
+    """Two hosts (RINGZERO_HOST_IDS) of one machine, 2 ranks each: the cores each host's ranks may count on are
+    those of the whole job's share, also in a subgroup holding just one host's ranks (which sees only its own
+    ranks of the machine): else both hosts' subgroups spin on the same cores (the host lab's ZeRO++ steps).
+    Reference: the machine's cpus (this process's affinity, unbound) x 2 / 4."""
+    import os
+
+    cpus = len(os.sched_getaffinity(0))
+    results = run_ranks(4, host_cpus_body, env={"RINGZERO_HOST_IDS": "a,a,b,b", "RINGZERO_BIND_CORES": "0"})
+    for whole, sub in results:
+        assert whole == sub == max(0, cpus * 2 // 4), (whole, sub, cpus)

@@ -19,6 +19,10 @@ from .errors import CommError, CommTimeout
 from .topology import Topology, boot_id, host_id
 
 
+_JOB_MACHINE: tuple[int, int] | None = None
+"""(ranks of the job on this machine, cpus they may run on), from the last whole-job group set up."""
+
+
 class StoreRendezvous:
     """Keyed exchanges among the ranks of one group through `store` (already prefixed for this use),
     each wait bounded by `timeout_s`. `label` opens every timeout message (e.g. "ringzero all_reduce:
@@ -110,11 +114,19 @@ class HostGroup:
         # The cpus this host's ranks may run on, together (their share of them where other hosts' ranks of
         # the group run on the same ones): whether each can have a core of its own (ShmComm.set_host_cpus)
         # does not show in one rank's affinity once a launcher has bound them.
-        self.local_cpus = min(cpus_of(local), cpus_of(machine) * len(local) // len(machine))
         # A group spanning the job holds all of this machine's ranks; none is set up while the default
         # group is still being made (the c10d backend's own setup), which spans the job too. The cores
         # are shared out among the job's ranks on the machine ([Note: binding at setup]).
         whole_job = not dist.is_initialized() or world == dist.get_world_size()
+        global _JOB_MACHINE
+        if whole_job:
+            _JOB_MACHINE = (len(machine), cpus_of(machine))
+        # A subgroup sees only its own ranks of the machine; the job's (from its whole-job group, where one
+        # was set up first) say how many share its cores: two lab hosts' subgroups of one machine must not
+        # both spin on its cores.
+        on_machine, machine_cpus = (_JOB_MACHINE if not whole_job and _JOB_MACHINE and _JOB_MACHINE[0] >= len(machine)
+                                    else (len(machine), cpus_of(machine)))
+        self.local_cpus = min(cpus_of(local), machine_cpus * len(local) // on_machine)
         self.bound_cpus = bind_at_setup(config.bind_cores, whole_job, machine.index(rank), [mask(r) for r in machine])
 
     def share_segment(self, key: str, create, open_):
