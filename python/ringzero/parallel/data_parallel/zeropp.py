@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import datetime
+import functools
 
 import torch
 import torch.distributed as dist
@@ -106,9 +108,11 @@ class HostSplit:
         self.cross_position = self.cross_hosts.index(self.host_index)
         self.host_group = group if self.num_hosts == 1 else None
         self.cross_group = self.exchange_group = None
+        # Their waits end after the group's RINGZERO_TIMEOUT_S, as ringzero's own do (qg's all-to-all is gloo's).
+        new_group = functools.partial(dist.new_group, timeout=datetime.timedelta(seconds=c.timeout_s))
         if self.num_hosts > 1:
             for h, ranks in enumerate(hosts):
-                g = dist.new_group(sorted(glob[r] for r in ranks))
+                g = new_group(sorted(glob[r] for r in ranks))
                 if h == self.host_index:
                     self.host_group = g
             # Two groups of the same ranks per local index: ringzero's collectives (qw's gather, on the calling
@@ -116,7 +120,7 @@ class HostSplit:
             # on one process group, whose calls must come in the same order on every rank.
             for j in range(self.local_world):
                 members = sorted(glob[h[j]] for h in hosts)
-                g, x = dist.new_group(members), dist.new_group(members)
+                g, x = new_group(members), new_group(members)
                 if j == self.local_index:
                     self.cross_group, self.exchange_group = g, x
         # qg's in-host reduce-scatter input: the gradient blocks rearranged so that host position i's
