@@ -23,6 +23,10 @@ MODEL_ARGS = ["--layers", "4", "--d-model", "320", "--heads", "5", "--val-every"
 """4.97M parameters (19.9 MiB in float32, the issue's >= 16 MiB)."""
 
 
+class RowFailed(Exception):
+    """A row's `ringzero train` failed: args (its last error line, the output's end)."""
+
+
 def run_row(lab, local: int, how: list[str], steps: int, out: str) -> tuple[dict, list[int]]:
     """One `ringzero train` on every host; returns its results.json and the bytes each host sent."""
     before = lab.sent_bytes()
@@ -31,7 +35,9 @@ def run_row(lab, local: int, how: list[str], steps: int, out: str) -> tuple[dict
     sent = [a - b for a, b in zip(lab.sent_bytes(), before)]
     bad = [r for r in runs if r.returncode != 0]
     if bad:
-        raise SystemExit(f"{' '.join(how)}: host {bad[0].host} failed:\n{bad[0].output[-4000:]}")
+        errors = [line for line in bad[0].output.splitlines() if "Error" in line]
+        raise RowFailed(errors[-1].strip() if errors else f"exit {bad[0].returncode}",
+                        f"{' '.join(how)}: host {bad[0].host} failed:\n{bad[0].output[-4000:]}")
     with open(os.path.join(out, "results.json")) as f:
         return json.load(f), sent
 
@@ -64,6 +70,8 @@ def main():
     p.add_argument("--batch", type=int, default=8, help="global batch (sequences)")
     p.add_argument("--seq", type=int, default=64)
     p.add_argument("--no-fsdp2", action="store_true", help="leave out the torch FSDP2 row")
+    p.add_argument("--deepspeed", action="store_true", help="also DeepSpeed's ZeRO-3 with and without the same "
+                   "options (its ZeRO++: hpZ, qwZ, qgZ); a row it refuses says why")
     p.add_argument("--quality-steps", type=int, default=0, help="also train zero3 with and without the options for "
                    "this many steps and compare their final validation losses (issue 46: 300)")
     args = p.parse_args()
@@ -72,6 +80,10 @@ def main():
     rows = {"zero3": ["--strategy", "zero3"], f"zero3 {args.zeropp}": ["--strategy", "zero3", "--zeropp", args.zeropp]}
     if not args.no_fsdp2:
         rows["torch-fsdp2 (gloo)"] = ["--compare", "torch-fsdp2"]
+    if args.deepspeed:
+        rows["deepspeed-zero3"] = ["--compare", "deepspeed-zero3"]
+        rows[f"deepspeed-zero3 {args.zeropp}"] = ["--compare", "deepspeed-zero3", "--zeropp", args.zeropp]
+    refused = {}
     H, L = args.hosts, args.ranks_per_host
     MODEL_ARGS[:0] = ["--batch", str(args.batch), "--seq", str(args.seq)]
     step_ms = {k: [] for k in rows}
@@ -80,8 +92,18 @@ def main():
     with hostlab.HostLab(H, rate_gbit=args.rate_gbit) as lab, tempfile.TemporaryDirectory() as tmp:
         for rnd in range(args.rounds):
             for name, how in rows.items():
-                long, sent_long = run_row(lab, L, how, args.steps, os.path.join(tmp, f"{rnd}-{len(step_ms[name])}-l"))
-                _, sent_short = run_row(lab, L, how, args.short_steps, os.path.join(tmp, f"{rnd}-s"))
+                if name in refused:
+                    continue
+                try:
+                    long, sent_long = run_row(lab, L, how, args.steps,
+                                              os.path.join(tmp, f"{rnd}-{len(step_ms[name])}-l"))
+                    _, sent_short = run_row(lab, L, how, args.short_steps, os.path.join(tmp, f"{rnd}-s"))
+                except RowFailed as e:
+                    if not name.startswith("deepspeed"):
+                        raise SystemExit(e.args[1])
+                    refused[name] = e.args[0]
+                    print(f"round {rnd} {name}: did not run: {e.args[0]}", flush=True)
+                    continue
                 step_ms[name].append(long["step_ms"])
                 per_step[name].append(sum(a - b for a, b in zip(sent_long, sent_short)) / H /
                                       (args.steps - args.short_steps))
@@ -102,6 +124,9 @@ def main():
     print(f"{'run':<24} | {'step ms':>8} | {'zero3 / run':>11} | {'MiB/host/step':>13} | {'estimate':>8} | "
           f"{'of zero3 bytes':>14} | spread ms")
     for name in rows:
+        if name in refused:
+            print(f"{name:<24} | did not run: {refused[name]}")
+            continue
         ms, b = statistics.median(step_ms[name]), statistics.median(per_step[name])
         est = predicted.get(name)
         print(f"{name:<24} | {ms:>8.1f} | {base / ms:>10.2f}x | {b / 2**20:>13.2f} | "

@@ -99,8 +99,8 @@ def parse_args(argv=None):
             args.zeropp = parse_zeropp(args.zeropp, "--zeropp").names()
         except ValueError as e:
             p.error(str(e))
-        if "zero3" not in args.strategies:
-            p.error(f"--zeropp applies to zero3; add it to the runs (got {', '.join(args.strategies)})")
+        if not {"zero3", "deepspeed-zero3"} & set(args.strategies):
+            p.error(f"--zeropp applies to zero3 and deepspeed-zero3; add one to the runs (got {', '.join(args.strategies)})")
         if args.device == "cuda":
             p.error("--zeropp runs on CPU tensors only so far; drop it or use --device cpu")
     if (args.save_every or args.resume) and not args.checkpoint_dir:

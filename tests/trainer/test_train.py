@@ -56,6 +56,22 @@ def test_bad_layouts_are_refused_before_starting(capsys):
     assert "--batch 8 must divide among 3" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         train.main(["--strategy", "warp"])
+    for argv, words in [(["--strategy", "zero2", "--zeropp", "hpz"], "--zeropp applies to zero3"),
+                        (["--strategy", "zero3", "--zeropp", "hpz,fast"], "unknown option(s) ['fast']"),
+                        (["--strategy", "zero3", "--zeropp", "ef"], "error feedback")]:
+        with pytest.raises(SystemExit):
+            train.main(argv)
+        assert words in capsys.readouterr().err, argv
+
+
+def test_zeropp_on_one_host_trains_like_plain_zero3_but_for_qw(tmp_path):
+    """`--zeropp hpz,qg` on one host changes nothing (no link to save: bitwise the same losses); qw quantizes
+    the weights' gathers there too, so its losses differ, and the run says which options it ran with."""
+    plain = run(tmp_path, "--strategy", "zero3")[0]
+    same = run(tmp_path, "--strategy", "zero3", "--zeropp", "hpz,qg")[0]
+    qw = run(tmp_path, "--strategy", "zero3", "--zeropp", "qw")[0]
+    assert same["train_losses"] == plain["train_losses"] and same["zeropp"] == "hpz,qg4"
+    assert qw["train_losses"] != plain["train_losses"] and qw["zeropp"] == "qw" and plain["zeropp"] is None
 
 
 def measured_within_15_percent(tmp_path, nproc, layout) -> dict:

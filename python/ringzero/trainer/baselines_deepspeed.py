@@ -56,6 +56,15 @@ class DeepSpeedRun(DataParallelRun):
                                         "stage3_param_persistence_threshold": 0},
                   "zero_allow_untested_optimizer": True,
                   "steps_per_print": 10**9, "wall_clock_breakdown": False}
+        zeropp = getattr(args, "zeropp", None)
+        if stage == 3 and zeropp and zeropp != "none":  # ZeRO++ (DeepSpeed's names for hpz, qw, qg)
+            from ..parallel.data_parallel.zeropp import parse
+
+            opts = parse(zeropp, "--zeropp")
+            per_host = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+            config["zero_optimization"].update({"zero_hpz_partition_size": per_host if opts.hpz else 1,
+                                                "zero_quantized_weights": opts.qw,
+                                                "zero_quantized_gradients": bool(opts.qg_bits)})
         deepspeed.init_distributed(dist_backend=dist.get_backend(), auto_mpi_discovery=False)
         engine, opt, _, _ = deepspeed.initialize(model=module, optimizer=torch_adamw(module.parameters(), args),
                                                  config=config)
