@@ -7,6 +7,7 @@ then the data-parallel replicas of one stage.
 """
 from __future__ import annotations
 
+import datetime
 import itertools
 
 import torch.distributed as dist
@@ -90,3 +91,22 @@ class Mesh:
 
     def __repr__(self):
         return f"Mesh(pp={self.sizes['pp']}, dp={self.sizes['dp']}, tp={self.sizes['tp']}, coords={self.coords})"
+
+
+def subgroups(partitions: list[list[list[int]]], timeout_s: float | None = None) -> list:
+    """For each partition (lists of global ranks that split some ranks into disjoint groups), the group of
+    this rank's part (None where it is in none), made with dist.new_group on every rank in the same order:
+    every rank of the job calls it with the same partitions. timeout_s: the groups' timeout (None: the
+    default group's). ZeRO++'s host and cross-host groups come from here (data_parallel/zeropp.py)."""
+    rank = dist.get_rank()
+    kwargs = {} if timeout_s is None else {"timeout": datetime.timedelta(seconds=timeout_s)}
+    mine = []
+    for parts in partitions:
+        found = None
+        for ranks in parts:
+            group = dist.new_group(sorted(ranks), **kwargs)
+            if rank in ranks:
+                found = group
+        mine.append(found)
+    return mine
+

@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import datetime
-import functools
 
 import torch
 import torch.distributed as dist
@@ -33,6 +31,7 @@ import torch.distributed as dist
 from ... import comm
 from ...comm.communicator import get_communicator
 from ...comm.types import ReduceOp
+from ..mesh import subgroups
 from . import quantize as qz
 
 NAMES = ("hpz", "qw", "qg", "qg4", "qg8", "ef")
@@ -108,21 +107,15 @@ class HostSplit:
         self.cross_position = self.cross_hosts.index(self.host_index)
         self.host_group = group if self.num_hosts == 1 else None
         self.cross_group = self.exchange_group = None
-        # Their waits end after the group's RINGZERO_TIMEOUT_S, as ringzero's own do (qg's all-to-all is gloo's).
-        new_group = functools.partial(dist.new_group, timeout=datetime.timedelta(seconds=c.timeout_s))
         if self.num_hosts > 1:
-            for h, ranks in enumerate(hosts):
-                g = new_group(sorted(glob[r] for r in ranks))
-                if h == self.host_index:
-                    self.host_group = g
-            # Two groups of the same ranks per local index: ringzero's collectives (qw's gather, on the calling
-            # thread's order) and qg's all-to-all (on the background thread): two threads never issue calls
-            # on one process group, whose calls must come in the same order on every rank.
-            for j in range(self.local_world):
-                members = sorted(glob[h[j]] for h in hosts)
-                g, x = new_group(members), new_group(members)
-                if j == self.local_index:
-                    self.cross_group, self.exchange_group = g, x
+            # The host's ranks; and twice the ranks of one local index on every host: ringzero's collectives
+            # (qw's gather, in the calling thread's order) and qg's all-to-all (on the background thread), so
+            # that two threads never issue calls on one process group, whose calls must come in one order on
+            # every rank. Their waits end after the group's RINGZERO_TIMEOUT_S, as ringzero's own do.
+            by_host = [[glob[r] for r in ranks] for ranks in hosts]
+            by_index = [[glob[h[j]] for h in hosts] for j in range(self.local_world)]
+            self.host_group, self.cross_group, self.exchange_group = subgroups([by_host, by_index, by_index],
+                                                                               c.timeout_s)
         # qg's in-host reduce-scatter input: the gradient blocks rearranged so that host position i's
         # chunk holds the blocks of the cross group of position i's rank, in that group's order.
         order = []
