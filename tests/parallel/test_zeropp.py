@@ -159,7 +159,7 @@ def qg_case(rank, world, seed):
                 outs = []
                 for _ in range(4 if ef else 1):
                     out = torch.empty(c)
-                    q.start(grads[rank].clone(), out).result()
+                    q.start(grads[rank].clone(), out)[0].result()
                     outs.append(out.double())
                 if not ef:
                     err = (outs[0] - want).abs()
@@ -245,6 +245,43 @@ def test_hpz_is_bitwise_plain_zero3_and_keeps_backward_in_the_host(hosts):
             assert counts == {"qw": steps * 2 * micro}, counts
         assert r["qw"][2] is True and r["hpz,qw"][2] is True
         assert r["qw"][3] != r["plain"][3], "qw changed nothing: the weights were not quantized"
+
+
+def accumulate_case(rank, world):
+    from ringzero.models import Block, lm_loss
+    from ringzero.parallel import ZeroDataParallel
+    torch.manual_seed(0)
+    model = ZeroDataParallel(make_model(), stage=3, unit=Block, zeropp="hpz,qw,qg8")
+    x, y = local(batches(world, 1, 1)[0][0], rank)
+    grads, most_pending = [], 0
+    launch = model.sharding._tracker.on_launch
+
+    def counting_launch(i):  # how many reductions are in flight once each one starts
+        nonlocal most_pending
+        launch(i)
+        most_pending = max(most_pending, len(model.sharding._pending))
+    model.sharding._tracker.on_launch = counting_launch
+    for micro in (1, 2):
+        model.zero_grad(set_to_none=True)
+        for _ in range(micro):
+            lm_loss(model(x), y).backward()
+        grads.append([g.master.grad.tolist() for g in model.groups])  # lists: tensors cannot leave the process
+    model.split.close()
+    return grads, most_pending
+
+
+def test_qg_reductions_run_on_behind_the_backward_and_all_land():
+    """qg's reductions stay in flight while later units' backward runs (more than one pending at once) and
+    each lands in its master's gradient: two backward passes of one batch give exactly twice one pass's
+    gradients (the same inputs quantize alike, and 2 x is exact in float32)."""
+    res = run_ranks(4, accumulate_case, env={"RINGZERO_HOST_IDS": "a,a,b,b"}, timeout_s=300)
+    for rank, (grads, most_pending) in enumerate(res):
+        one, two = grads
+        assert most_pending > 1, f"rank {rank}: the qg reductions never overlapped ({most_pending} at most)"
+        for a, b in zip(one, two):
+            a, b = torch.tensor(a), torch.tensor(b)
+            assert a.abs().sum() > 0
+            assert torch.equal(b, 2 * a), f"rank {rank}: two passes gave {b[:4]}, one pass {a[:4]}"
 
 
 def test_one_host_zeropp_is_plain_zero3_except_qw():

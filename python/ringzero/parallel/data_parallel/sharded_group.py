@@ -48,8 +48,8 @@ class GradReduction(enum.Enum):
 class _FutureWork:
     """A concurrent.futures.Future with the wait() of a collective's work."""
 
-    def __init__(self, future):
-        self.future = future
+    def __init__(self, future, host_done=None):
+        self.future, self.host_done = future, host_done
 
     def wait(self):
         self.future.result()
@@ -111,6 +111,7 @@ class ShardedGroup:
                               else torch.zeros(n, dtype=self.param_dtype, device=self.compute_device))
         self._qw_bytes = qz.packed_bytes(lay.shard_numel, 8, zeropp.block) if zeropp.qw else 0
         self._qw_send = self._qw_cross = self._qw_recv = None
+        self._qw_early = None  # (work, master version): step 1 of a qw gather started by start_qw_cross()
         if zeropp.qw and several:
             # Across hosts in two steps, each over its subgroup: the cross-host group's shards (one per host),
             # then the host's (registered: read where it lies). The world's all-gather would take its flat
@@ -134,6 +135,29 @@ class ShardedGroup:
         self._secondary_version = None
 
     # ---- parameters ----------------------------------------------------------------------------
+    def start_qw_cross(self):
+        """qw across hosts: quantizes the master and starts the gather's cross-host step now, ahead of
+        gather_async() (which then does the rest). Stage 3 calls it for every unit at the start of a
+        forward: the int8 buffers it fills are kept anyway, so the link carries every unit's weights
+        back to back while the host steps and the compute of the first units run. Nothing when the gather
+        would not read the masters (hpz's secondary is valid) or a step 1 is already in flight."""
+        if self._qw_cross is None or self._qw_early is not None or self.secondary_valid():
+            return
+        qz.quantize(self.master.detach().to(self.compute_device), 8, self.zeropp.block, out=self._qw_send)
+        self._qw_early = (comm.all_gather_single(self._qw_cross, self._qw_send, group=self.split.cross_group,
+                                                 async_op=True), self.master._version)
+
+    def _qw_step1(self, master):
+        """The gather's cross-host step: the one start_qw_cross() began if it holds the current masters."""
+        if self._qw_early is not None:
+            work, version = self._qw_early
+            self._qw_early = None
+            if version == self.master._version:
+                return work
+            work.wait()  # stale: the masters changed since; its buffers are reused below
+        qz.quantize(master.to(self.compute_device), 8, self.zeropp.block, out=self._qw_send)
+        return comm.all_gather_single(self._qw_cross, self._qw_send, group=self.split.cross_group, async_op=True)
+
     def gather_async(self):
         """Starts the all-gather of the master shards (as param_dtype) into `full`. Every rank of the
         group must call it, in the same order as its other collectives."""
@@ -148,12 +172,11 @@ class ShardedGroup:
                                                        async_op=True)
         elif self._qw_send is not None:  # qw: int8 blocks of the float32 master, dequantized at the wait
             self._gather_kind = "qw"
-            qz.quantize(master.to(self.compute_device), 8, self.zeropp.block, out=self._qw_send)
             self._qw_recv = torch.empty(self.layout.world * self._qw_bytes, dtype=torch.uint8, device=self.compute_device)
             if self._qw_cross is not None:  # step 1 of 2 (the host's step at the wait)
-                self._gather_work = comm.all_gather_single(self._qw_cross, self._qw_send, group=self.split.cross_group,
-                                                           async_op=True)
+                self._gather_work = self._qw_step1(master)
             else:
+                qz.quantize(master.to(self.compute_device), 8, self.zeropp.block, out=self._qw_send)
                 self._gather_work = comm.all_gather_single(self._qw_recv, self._qw_send, group=self.group,
                                                            async_op=True)
         else:
@@ -188,13 +211,12 @@ class ShardedGroup:
             if self._qw_cross is not None:  # step 2: the host's; rows arrive in HostSplit.gathered_ranks' order
                 comm.all_gather_single(self._qw_recv, self._qw_cross, group=self.split.host_group)
                 order = self.split.gathered_order
+            packed = self._qw_recv.view(lay.world, self._qw_bytes)
             if order is None:
-                qz.dequantize(self._qw_recv.view(lay.world, self._qw_bytes), lay.shard_numel, 8, self.zeropp.block,
-                              out=rows)
-            else:
-                values = qz.dequantize(self._qw_recv.view(lay.world, self._qw_bytes), lay.shard_numel, 8,
-                                       self.zeropp.block)
-                rows.index_copy_(0, order, values.to(rows.dtype))
+                qz.dequantize(packed, lay.shard_numel, 8, self.zeropp.block, out=rows)
+            else:  # each row straight into its place
+                for j, r in enumerate(order.tolist()):
+                    qz.dequantize(packed[j], lay.shard_numel, 8, self.zeropp.block, out=rows[r])
             self._qw_recv = None
         if self.secondary is not None and kind != "secondary":
             n, i = self.secondary.numel(), self.split.host_position
@@ -238,11 +260,20 @@ class ShardedGroup:
             self._reduce_work = comm.all_reduce(self.grad_flat, op=ReduceOp.AVG, group=self.group, async_op=True)
         elif self._qg is not None:  # qg: in the host in full precision, across hosts quantized (zeropp.py)
             self._reduce_out = torch.empty(self.layout.shard_numel, dtype=torch.float32, device=self.compute_device)
-            self._reduce_work = _FutureWork(self._qg.start(self.grad_flat, self._reduce_out))
+            self._reduce_work = _FutureWork(*self._qg.start(self.grad_flat, self._reduce_out))
+            self.grad_flat = None  # start() reduces a rearranged copy of it
         else:
             self._reduce_out = torch.empty(self.layout.shard_numel, dtype=self.reduce_dtype, device=self.compute_device)
             self._reduce_work = comm.reduce_scatter_single(self._reduce_out, self.grad_flat, op=ReduceOp.AVG,
                                                            group=self.group, async_op=True)
+
+    def release_reduce_buffer(self) -> bool:
+        """Waits until the pending reduction no longer holds a buffer of the group's full size; False where
+        only finish_reduce() releases it. qg: its in-host step (the rearranged copy of grad_flat)."""
+        if self._qg is None or self._reduce_work is None:
+            return False
+        # Bounded: a wait past the group's timeout leaves it to finish_reduce, which raises the step's error.
+        return self._reduce_work.host_done.wait(self.split.timeout_s)
 
     def finish_reduce(self):
         """Waits for the reduction and adds this rank's averaged shard into master.grad (float32);

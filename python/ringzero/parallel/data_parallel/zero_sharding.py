@@ -86,8 +86,10 @@ class ZeroSharding:
         while all activations are still alive (the step's peak); by the group's end its own activations
         are freed. Reductions launched before overlapped with the backward since; finishing them first
         keeps one flat buffer alive at a time (FSDP2 on CPU is as tight: its reductions are inline).
-        A parameter without a gradient counts as zeros."""
-        self._finish_pending()
+        zeropp's qg is the exception: once its in-host step is done it holds only shard-sized buffers, and
+        its cross-host steps (quantize, all-to-all over the link) run on behind this backward until the
+        end of it, or until its group's next backward. A parameter without a gradient counts as zeros."""
+        self._finish_pending(lambda p: p is g or not p.release_reduce_buffer())
         for q in g.layout.params:
             g.copy_grad_in(q, q.grad)
 
@@ -95,10 +97,14 @@ class ZeroSharding:
         self.reduce_order[i].reduce_async()
         self._pending.append(self.reduce_order[i])
 
-    def _finish_pending(self):
+    def _finish_pending(self, which=lambda g: True):
+        keep = []
         for g in self._pending:
-            g.finish_reduce()
-        self._pending = []
+            if which(g):
+                g.finish_reduce()
+            else:
+                keep.append(g)
+        self._pending = keep
 
     def _finish(self):
         self._finish_pending()

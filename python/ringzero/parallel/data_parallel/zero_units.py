@@ -158,6 +158,9 @@ class ShardedUnits(ZeroSharding):
         root = self.root
         if root is not None and root.state is ParamState.SHARDED:
             root.gather_async()
+        for i in self.scheduler.last_order:  # zeropp's qw across hosts: every unit's cross-host step now
+            if self.scheduler.groups[i].state is ParamState.SHARDED:
+                self.scheduler.groups[i].start_qw_cross()
         self.scheduler.begin_forward()  # prefetches the first unit behind the root's gather
         if root is not None:
             root.wait_gathered()

@@ -17,13 +17,16 @@ hosts, where ringzero's collectives already run at the link's bound.
         partial sums (error feedback).
 
 On one host hpz and qg change nothing (there is no link to save), and qw still quantizes (it is the user's
-choice; it only costs there). CPU tensors only for now: the CUDA kernels of issue 46 are not written.
+choice; it only costs there). CPU tensors only for now: the quantization itself runs on CUDA tensors too
+(csrc/cuda/quantize.cu, the CPU kernels' bytes; proven on the CPU grid, not yet run on a GPU), but zeropp's
+steps around it are not written for CUDA (qg's all-to-all would need NCCL's, which one GPU cannot test).
 Every rank of the group must pass the same options.
 """
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import threading
 
 import torch
 import torch.distributed as dist
@@ -94,6 +97,7 @@ class HostSplit:
         self.hosts = hosts
         self.num_hosts, self.local_world = len(hosts), len(hosts[0])
         self.rank = c.rank
+        self.timeout_s = c.timeout_s
         self.host_index = next(i for i, h in enumerate(hosts) if c.rank in h)
         self.local_index = hosts[self.host_index].index(c.rank)
         glob = c.global_ranks
@@ -148,23 +152,28 @@ class QuantizedReduceScatter:
     """qg for one flat group: out (shard numel c, float32) = the AVG over the group of block `rank` of
     grad_flat (world * c), reduced in the host in full precision and across hosts from quantized partials.
     start() issues the in-host reduce-scatter on the calling thread (so every rank orders it among the host
-    group's collectives alike) and the rest on the split's background thread; the returned future's
-    result() waits."""
+    group's collectives alike) and the rest on the split's background thread; it returns a future, whose
+    result() waits, and an event set once the in-host step is over (its full-size input released)."""
 
     def __init__(self, split: HostSplit, shard_numel: int, world: int, bits: int, block: int, error_feedback: bool):
         self.split, self.c, self.world = split, shard_numel, world
         self.bits, self.block = bits, block
         self.residual = torch.zeros(split.num_hosts, shard_numel) if error_feedback else None
 
-    def start(self, grad_flat: torch.Tensor, out: torch.Tensor) -> concurrent.futures.Future:
+    def start(self, grad_flat: torch.Tensor, out: torch.Tensor) -> tuple[concurrent.futures.Future, threading.Event]:
         s, c, H = self.split, self.c, self.split.num_hosts
         staged = grad_flat.view(self.world, c).index_select(0, s.gather_rows).view(-1)
         part = torch.empty(H * c, dtype=grad_flat.dtype)
         work = comm.reduce_scatter_single(part, staged, op=ReduceOp.SUM, group=s.host_group, async_op=True)
-        return s.background().submit(self._cross, work, part, out)
+        host_done = threading.Event()
+        return s.background().submit(self._cross, work, [staged], host_done, part, out), host_done
 
-    def _cross(self, work, part, out):
-        work.wait()
+    def _cross(self, work, staged, host_done, part, out):
+        try:
+            work.wait()
+        finally:
+            staged.clear()  # the in-host step's input, the group's full size
+            host_done.set()
         s, c, H = self.split, self.c, self.split.num_hosts
         rows = part.view(H, c).float()  # row i: this host's partial sums for cross-group rank i's block
         send = rows
