@@ -24,6 +24,8 @@ EXPECTED = {
     "reduce_kernel": 20,
     "adam_multi_kernel": 18,
     "sum_squares_multi_kernel": 1,
+    "quantize_kernel": 2,  # 8 and 4 bits
+    "dequantize_kernel": 2,
 }
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Static checks of the CUDA kernels as nvcc builds them: no GPU needed, run by tools/test.sh (issue 33).
 
-Compiles csrc/cuda/{ring,twoshot,oneshot,adam,reduce}.cu for sm_80 and sm_90a with the flags of the CMake
+Compiles csrc/cuda/{ring,twoshot,oneshot,adam,reduce,quantize}.cu for sm_80 and sm_90a with the flags of the CMake
 build (cmake/cuda.cmake, Release: -O3 -DNDEBUG -std=c++17 -I csrc; its -Xcompiler=-fPIC is for host code,
 which -cubin does not compile), device code only, one job per file and arch in parallel, with `-Xptxas -v`;
 disassembles the same cubins with `cuobjdump -sass`; prints per kernel instantiation and arch: registers,
@@ -40,9 +40,10 @@ import time
 from pathlib import Path
 
 # Slowest first, so that two cores finish together.
-SOURCES = ["ring.cu", "twoshot.cu", "oneshot.cu", "adam.cu", "reduce.cu"]
+SOURCES = ["ring.cu", "twoshot.cu", "oneshot.cu", "adam.cu", "reduce.cu", "quantize.cu"]
 REDUCE_SPAN_KERNELS = ["one_shot_kernel", "two_shot_kernel", "ring_kernel", "reduce_kernel"]
-KERNELS = REDUCE_SPAN_KERNELS + ["adam_multi_kernel", "sum_squares_multi_kernel"]  # the table's order
+KERNELS = REDUCE_SPAN_KERNELS + ["adam_multi_kernel", "sum_squares_multi_kernel", "quantize_kernel",
+                                 "dequantize_kernel"]  # the table's order
 ADAM_PACK_BITS = {"f32": 128, "bf16": 64, "f16": 64}  # kVec = 4 elements of each
 SHORT_NAMES = {"float": "f32", "__nv_bfloat16": "bf16", "__half": "f16", "int": "int32", "long": "int64",
                "SumOp": "Sum", "ProdOp": "Prod", "MinOp": "Min", "MaxOp": "Max"}
@@ -218,7 +219,7 @@ def print_summary(rows):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("files", nargs="*", default=SOURCES, help="files of csrc/cuda (default: the five kernels)")
+    ap.add_argument("files", nargs="*", default=SOURCES, help="files of csrc/cuda (default: every kernel file)")
     ap.add_argument("--arch", default="80,90a", help="comma-separated sm_ numbers (default 80,90a)")
     ap.add_argument("--root", type=Path, default=Path(__file__).resolve().parent.parent,
                     help="repository root whose csrc/ is compiled (default: this checkout)")

@@ -13,7 +13,8 @@ cmake -S . -B build/cpp -G Ninja -DCMAKE_BUILD_TYPE=Release ${NCCL_ROOT:+-DRINGZ
 cmake --build build/cpp -j "${MAX_JOBS:-2}"
 ctest --test-dir build/cpp --output-on-failure
 # The CPU grid under ThreadSanitizer (its own build, CPU-grid tests only): the races and memory orderings
-# of the kernels that synchronise (one-shot, two-shot, ring: the fuzz; the missing-rank path; Adam),
+# of the kernels that synchronise (one-shot, two-shot, ring: the fuzz; the missing-rank path; Adam; the
+# quantization's block reduction: every 7th case, 28 s),
 # with chaos (random yields and stalls at every sync point; the fuzz prints its seed). Blocks of 64
 # threads: TSan counts each CUDA thread as a thread and allows about 8000 at once. Left out: test_cuda
 # (over 10 minutes under TSan: each of its thousands of launches makes a TSan thread per CUDA thread;
@@ -23,7 +24,7 @@ cmake -S . -B build/tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRINGZERO_C
   -DCMAKE_CXX_FLAGS=-fsanitize=thread -DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread
 cmake --build build/tsan -j "${MAX_JOBS:-2}" --target cpu_grid_tests
 RINGZERO_CPU_GRID_THREADS=64 RINGZERO_CPU_GRID_CHAOS=${RINGZERO_CPU_GRID_CHAOS:-$RANDOM} \
-  RINGZERO_FUZZ_CASES=${RINGZERO_TSAN_FUZZ_CASES:-60} TSAN_OPTIONS="halt_on_error=1 exitcode=66" \
+  RINGZERO_FUZZ_CASES=${RINGZERO_TSAN_FUZZ_CASES:-60} RINGZERO_QUANT_CASE_STRIDE=7 TSAN_OPTIONS="halt_on_error=1 exitcode=66" \
   ctest --test-dir build/tsan -L cpu_grid -E "^cpu_grid_(cuda|coverage)$" --output-on-failure
 # Static checks of the kernels' GPU code (no GPU needed): no spills, 128-bit packs (benchmarks/RESULTS.md).
 if command -v nvcc >/dev/null 2>&1; then "$PY" tools/cuda_static_check.py; fi

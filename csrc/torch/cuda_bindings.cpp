@@ -7,10 +7,19 @@ namespace py = pybind11;
 
 #ifndef RINGZERO_WITH_CUDA
 
+#include <torch/extension.h>
+
 void bind_cuda(py::module_& m) {
   m.attr("has_cuda") = false;
   m.attr("has_nccl") = false;
   m.attr("CUDA_COLLS") = py::dict();
+}
+
+void quantize_blocks_cuda(const at::Tensor& x, const at::Tensor&, int64_t, int64_t, int64_t, int64_t) {
+  TORCH_CHECK_VALUE(false, "quantize_blocks: the values are on ", x.device(), " but ringzero was built without CUDA");
+}
+void dequantize_blocks_cuda(const at::Tensor&, const at::Tensor& out, int64_t, int64_t, int64_t, int64_t) {
+  TORCH_CHECK_VALUE(false, "dequantize_blocks: out is on ", out.device(), " but ringzero was built without CUDA");
 }
 
 #else
@@ -30,6 +39,7 @@ namespace ringzero {
 HostsEngine hosts_engine_of(py::object engine);  // backend_bindings.cpp
 }
 #include "cuda/peer_comm.h"
+#include "cuda/quantize.h"
 #include "cuda/reduce.h"
 #include "nccl/ring_driver.h"
 #include "nccl/transport.h"
@@ -171,6 +181,24 @@ struct LoopbackRings {
 };
 
 }  // namespace
+
+// Block quantization of CUDA tensors (module.cpp checked the shapes): on the tensors' device and current stream.
+void quantize_blocks_cuda(const at::Tensor& x, const at::Tensor& out, int64_t rows, int64_t n, int64_t bits,
+                          int64_t block) {
+  const c10::cuda::CUDAGuard guard(x.device());
+  const cudaError_t err = cuda::launch_quantize_blocks(x.data_ptr<float>(), rows, n, static_cast<int>(bits), block,
+                                                       out.data_ptr<uint8_t>(), c10::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(err == cudaSuccess, "quantize_blocks: ", cudaGetErrorString(err));
+}
+
+void dequantize_blocks_cuda(const at::Tensor& packed, const at::Tensor& out, int64_t rows, int64_t n, int64_t bits,
+                            int64_t block) {
+  const c10::cuda::CUDAGuard guard(out.device());
+  const cudaError_t err = cuda::launch_dequantize_blocks(packed.data_ptr<uint8_t>(), rows, n, static_cast<int>(bits),
+                                                         block, out.data_ptr<float>(),
+                                                         c10::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(err == cudaSuccess, "dequantize_blocks: ", cudaGetErrorString(err));
+}
 
 void bind_cuda(py::module_& m) {
   m.attr("has_cuda") = true;

@@ -18,6 +18,11 @@ void bind_adam(py::module& m);  // adam_bindings.cpp
 void bind_cuda(py::module_& m);  // cuda_bindings.cpp
 void bind_enums(py::module_& m);  // enum_bindings.cpp
 void bind_shm_direct(py::module_& m, PyObject* comm_error, PyObject* comm_timeout, PyObject* mismatch);  // shm_direct.cpp
+// Block quantization of CUDA tensors on the current stream (cuda_bindings.cpp; a CPU build raises).
+void quantize_blocks_cuda(const at::Tensor& x, const at::Tensor& out, int64_t rows, int64_t n, int64_t bits,
+                          int64_t block);
+void dequantize_blocks_cuda(const at::Tensor& packed, const at::Tensor& out, int64_t rows, int64_t n, int64_t bits,
+                            int64_t block);
 
 namespace {
 
@@ -114,20 +119,22 @@ PYBIND11_MODULE(_C, m) {
                         int64_t block) {
     TORCH_CHECK(bits == 8 || bits == 4, fn, ": bits must be 8 or 4, got ", bits);
     TORCH_CHECK(block > 0 && block % 8 == 0, fn, ": block must be a positive multiple of 8, got ", block);
-    TORCH_CHECK(values.is_cpu() && values.scalar_type() == at::kFloat && values.is_contiguous() && values.dim() >= 1 &&
-                    values.dim() <= 2,
-                fn, ": the values must be a contiguous 1-D or 2-D float32 CPU tensor");
+    TORCH_CHECK((values.is_cpu() || values.is_cuda()) && values.scalar_type() == at::kFloat && values.is_contiguous() &&
+                    values.dim() >= 1 && values.dim() <= 2,
+                fn, ": the values must be a contiguous 1-D or 2-D float32 CPU or CUDA tensor");
     const int64_t rows = values.dim() == 2 ? values.size(0) : 1, n = values.size(-1);
     const int64_t nblk = (n + block - 1) / block, qbytes = nblk * block * bits / 8, row = qbytes + 4 * nblk;
-    TORCH_CHECK(packed.is_cpu() && packed.scalar_type() == at::kByte && packed.is_contiguous() &&
+    TORCH_CHECK(packed.device() == values.device() && packed.scalar_type() == at::kByte && packed.is_contiguous() &&
                     packed.numel() == rows * row && reinterpret_cast<uintptr_t>(packed.data_ptr()) % 4 == 0,
-                fn, ": the packed tensor must be a contiguous, 4-byte aligned uint8 CPU tensor of ", rows * row, " bytes");
+                fn, ": the packed tensor must be a contiguous, 4-byte aligned uint8 tensor of ", rows * row,
+                " bytes on ", values.device());
     return Rows{rows, n, qbytes, row};
   };
   m.def(
       "quantize_blocks",
       [packed_rows](const at::Tensor& x, const at::Tensor& out, int64_t bits, int64_t block) {
         const auto [rows, n, qbytes, row] = packed_rows("quantize_blocks", x, out, bits, block);
+        if (x.is_cuda()) return quantize_blocks_cuda(x, out, rows, n, bits, block);
         const float* xp = x.data_ptr<float>();
         uint8_t* op = out.data_ptr<uint8_t>();
         py::gil_scoped_release nogil;
@@ -141,6 +148,7 @@ PYBIND11_MODULE(_C, m) {
       "dequantize_blocks",
       [packed_rows](const at::Tensor& packed, const at::Tensor& out, int64_t bits, int64_t block) {
         const auto [rows, n, qbytes, row] = packed_rows("dequantize_blocks", out, packed, bits, block);
+        if (out.is_cuda()) return dequantize_blocks_cuda(packed, out, rows, n, bits, block);
         const uint8_t* pp = packed.data_ptr<uint8_t>();
         float* op = out.data_ptr<float>();
         py::gil_scoped_release nogil;

@@ -40,13 +40,14 @@ def packed_bytes(numel: int, bits: int, block: int) -> int:
 
 
 def quantize(x: torch.Tensor, bits: int, block: int, out: torch.Tensor | None = None) -> torch.Tensor:
-    """x: (rows, n) or (n,) floating CPU tensor; returns (or fills) the packed uint8 rows, (rows, packed_bytes)
-    or (packed_bytes,). The loops: csrc/core/quantize_kernels.inc (SIMD, chosen for the running CPU)."""
+    """x: (rows, n) or (n,) floating CPU or CUDA tensor; returns (or fills) the packed uint8 rows on its device,
+    (rows, packed_bytes) or (packed_bytes,). The loops: csrc/core/quantize_kernels.inc (SIMD, chosen for the
+    running CPU); csrc/cuda/quantize.cu on the tensor's current stream (the same bytes)."""
     _check(bits, block)
     rows = x.shape[0] if x.dim() == 2 else 1
     row = packed_bytes(x.shape[-1], bits, block)
     if out is None:
-        out = torch.empty(*((rows,) if x.dim() == 2 else ()), row, dtype=torch.uint8)
+        out = torch.empty(*((rows,) if x.dim() == 2 else ()), row, dtype=torch.uint8, device=x.device)
     _C.quantize_blocks(x.float().contiguous(), out, bits, block)
     return out
 
@@ -65,7 +66,7 @@ def dequantize(packed: torch.Tensor, numel: int, bits: int, block: int, out: tor
     if target is not None and target.dtype == torch.float32:
         _C.dequantize_blocks(packed, target, bits, block)
         return out
-    values = torch.empty(shape, dtype=torch.float32)
+    values = torch.empty(shape, dtype=torch.float32, device=packed.device)
     _C.dequantize_blocks(packed, values, bits, block)
     if target is None:
         return values if dtype == torch.float32 else values.to(dtype)
