@@ -58,3 +58,24 @@ def test_cli_prints_the_bytes_each_host_sends(capsys):
     assert "all-to-all, int4 (qg), across hosts" in out
     with pytest.raises(SystemExit):
         main(["--ringzero-gpt", "--world", "4", "--strategy", "zero2", "--zeropp", "hpz", "--ranks-per-host", "2"])
+
+
+@pytest.mark.parametrize("local,nics", [(2, 1), (4, 1), (4, 2), (2, 2)])
+def test_cross_host_groups_share_the_hosts_nics(local, nics):
+    """The L cross-host groups of a host (one per local rank) gather and exchange at the same time: each gets
+    nics / L of the host's link (all of it where there are as many NICs as ranks). The times written out here:
+    a ring all-gather of H ranks, (H-1) steps of latency + buffer / H over the shared rate; the all-to-all the
+    same steps (the pairwise exchange)."""
+    from ringzero.estimate.network import custom_cluster
+
+    hosts, gbps, lat_us = 2, 1.0, 100.0
+    cluster = custom_cluster(40.0, gbps, lat_us, gpus_per_node=local, nics_per_node=nics)
+    e = estimate(CFG, batch=8, plan=Plan("zero3", world=hosts * local, zeropp="hpz,qw,qg", ranks_per_host=local),
+                 cluster=cluster)
+    rate = gbps / 8 * 1e9 * min(1.0, nics / local)
+    cross = [c for c in e.collectives if c.group == "dp-cross"]
+    assert {c.op for c in cross} == {"all_gather", "all_to_all"}
+    for c in cross:
+        per_call = c.nbytes / c.calls
+        want = c.calls * (hosts - 1) * (lat_us * 1e-6 + per_call / hosts / rate)
+        assert c.times_s["ring"] == pytest.approx(want), c.what

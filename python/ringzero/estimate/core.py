@@ -393,7 +393,8 @@ def _worst_group(group: str, plan: Plan, cluster: Cluster) -> GroupShape:
     g = cluster.gpus_per_node
     if group in ("dp-host", "dp-cross"):  # ZeRO++'s subgroups: one host's ranks, one rank of every host
         L = plan.ranks_per_host
-        return GroupShape(L, 1, L) if group == "dp-host" else GroupShape(plan.dp // L, plan.dp // L, 1)
+        # The L cross-host groups of a host (one per local rank) gather and exchange at the same time.
+        return GroupShape(L, 1, L) if group == "dp-host" else GroupShape(plan.dp // L, plan.dp // L, 1, siblings=L)
     if plan.world > g and plan.world % g:
         raise ValueError(f"world={plan.world} does not fill whole {g}-GPU nodes; use a multiple of {g} "
                          f"or set --gpus-per-node")

@@ -166,11 +166,14 @@ def custom_cluster(intra_gbps: float, inter_gbps: float, latency_us: float, gpus
 
 @dataclasses.dataclass(frozen=True)
 class GroupShape:
-    """Where a group's ranks live: n ranks over `nodes` nodes, `local` per node (0 when uneven)."""
+    """Where a group's ranks live: n ranks over `nodes` nodes, `local` per node (0 when uneven). siblings: groups
+    of this shape whose collectives leave each node at the same time and share its NICs (ZeRO++'s cross-host
+    groups: one per local rank, all gathering or exchanging at once)."""
 
     n: int
     nodes: int
     local: int
+    siblings: int = 1
 
 
 def group_shape(ranks: list[int], gpus_per_node: int) -> GroupShape:
@@ -233,11 +236,12 @@ def collective_times(op: str, nbytes: float, shape: GroupShape, cluster: Cluster
     if nbytes < 0:
         raise ValueError(f"nbytes must be >= 0, got {nbytes!r}")
     n = shape.n
+    # Across nodes a flat algorithm runs at the slower link; the node's NICs (and cores) are shared among the
+    # sibling groups that cross at once (Cluster.cross_link).
+    slow = Link(min(cluster.intra.bytes_per_s, cluster.cross_link(shape.siblings).bytes_per_s),
+                max(cluster.intra.latency_s, cluster.inter.latency_s))
     if op == "all_to_all":  # n - 1 exchanges of nbytes / n (the pairwise algorithm gloo and NCCL run)
-        link = cluster.intra if shape.nodes == 1 else Link(
-            min(cluster.intra.bytes_per_s, cluster.inter.bytes_per_s, cluster.host_bytes_per_s or math.inf),
-            max(cluster.intra.latency_s, cluster.inter.latency_s))
-        return {"ring": _ring("all_gather", nbytes, n, link)}
+        return {"ring": _ring("all_gather", nbytes, n, cluster.intra if shape.nodes == 1 else slow)}
     if shape.nodes == 1:
         link = cluster.intra
         if op == "send_recv":
@@ -246,8 +250,6 @@ def collective_times(op: str, nbytes: float, shape: GroupShape, cluster: Cluster
         if op == "all_reduce":
             times["two-shot"] = _two_shot(nbytes, n, link)
         return times
-    slow = Link(min(cluster.intra.bytes_per_s, cluster.inter.bytes_per_s, cluster.host_bytes_per_s or math.inf),
-                max(cluster.intra.latency_s, cluster.inter.latency_s))
     if op == "send_recv":
         return {"ring": slow.latency_s + nbytes / slow.bytes_per_s}
     times = {"ring": _ring(op, nbytes, n, slow)}
