@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "shm_segment.h"
+#include "shm_window.h"
 #include "types.h"
 
 namespace ringzero {
@@ -97,6 +98,13 @@ class ShmComm {
   // (its own: region(rank())). all_reduce (in place), reduce_scatter and all_gather then read an input
   // that lies in such a region straight from the peers' regions.
   std::shared_ptr<ShmWindow> create_window(size_t bytes);
+  // ZeRO++'s int8 weight gather in the host with the dequantization fused into it (zeropp.py, qw): `in` is
+  // this rank's `rows` packed rows (quantize_blocks' layout: row_bytes each, n values of `bits` bits in
+  // blocks of `block`), lying in a window of this communicator (any size; false, nothing done, where it
+  // does not); every local rank's rows are read where they lie and dequantized straight into `out`: local
+  // rank q's row j into out row order[q * rows + j] (n float32 each). No staging copy of the int8 bytes.
+  bool all_gather_dequantize(const void* in, size_t rows, size_t row_bytes, size_t n, int bits, size_t block,
+                             const int64_t* order, float* out);
 
   // Steps outside the segment. set_away(peers): this rank now waits on `peers` (group ranks, at most
   // two: a ring's neighbours) over the network, as in the hierarchical all-reduce's cross-host step;
@@ -190,7 +198,8 @@ class ShmComm {
   bool all_gather_single_copy(const char* in, char* out, size_t count, size_t es);
   // The window whose own region holds [p, p + bytes) when a collective (`kind`, for the message) should
   // read it from the peers directly, else nullptr; InvalidArgument for another group's window.
-  std::shared_ptr<ShmWindow> registered(const void* p, size_t bytes, CollectiveKind kind) const;
+  std::shared_ptr<ShmWindow> registered(const void* p, size_t bytes, CollectiveKind kind,
+                                        size_t min_bytes = kRegisteredMinBytes) const;
   // The registered collectives' first synchronisation (fingerprints and offsets compared) and last.
   void start_registered(const ShmWindow& w, const char* in);
   void finish_registered();

@@ -133,8 +133,9 @@ std::shared_ptr<ShmWindow> ShmComm::create_window(size_t bytes) {
   return w;
 }
 
-std::shared_ptr<ShmWindow> ShmComm::registered(const void* p, size_t bytes, CollectiveKind kind) const {
-  if (nranks_ == 1 || bytes < kRegisteredMinBytes) return nullptr;
+std::shared_ptr<ShmWindow> ShmComm::registered(const void* p, size_t bytes, CollectiveKind kind,
+                                               size_t min_bytes) const {
+  if (nranks_ == 1 || bytes < min_bytes) return nullptr;
   std::shared_ptr<ShmWindow> w = ShmWindow::find(p, bytes);
   if (!w) return nullptr;
   bool ours = w->nranks() == nranks_ && w->rank() == rank_;
@@ -193,6 +194,30 @@ void ShmComm::all_gather_registered(const ShmWindow& w, const char* in, char* ou
     if (dst != src) copy(dst, src, block);
   }
   finish_registered();
+}
+
+// Per rank: dequantizes every local rank's rows straight from its region into their places in `out`; two
+// synchronisations, as the registered all-gather (the fingerprint is that of an all-gather of the bytes).
+bool ShmComm::all_gather_dequantize(const void* in, size_t rows, size_t row_bytes, size_t n, int bits, size_t block,
+                                    const int64_t* order, float* out) {
+  const size_t bytes = rows * row_bytes;
+  std::shared_ptr<ShmWindow> w = nranks_ > 1 ? registered(in, bytes, CollectiveKind::AllGather, 0) : nullptr;
+  if (!w) return false;
+  OpGuard guard(this, CollectiveKind::AllGatherRegistered, DType::U8, ReduceOp::Sum, static_cast<int>(w->id()), bytes);
+  const char* mine = static_cast<const char*>(in);
+  start_registered(*w, mine);
+  const size_t offset = static_cast<size_t>(mine - w->region(rank_));
+  const size_t nblk = (n + block - 1) / block, qbytes = nblk * block * static_cast<size_t>(bits) / 8;
+  for (int i = 0; i < nranks_; ++i) {  // from its own rows up, so that the ranks start on different peers
+    const int q = (rank_ + i) % nranks_;
+    for (size_t j = 0; j < rows; ++j) {
+      const uint8_t* row = reinterpret_cast<const uint8_t*>(w->region(q) + offset + j * row_bytes);
+      dequantize_blocks(row, reinterpret_cast<const float*>(row + qbytes), n, bits, block,
+                        out + static_cast<size_t>(order[static_cast<size_t>(q) * rows + j]) * n);
+    }
+  }
+  finish_registered();
+  return true;
 }
 
 // Per rank: reads block `rank` of every input (nranks * count elements) and writes count; two

@@ -275,6 +275,36 @@ PYBIND11_MODULE(_C, m) {
              py::gil_scoped_release nogil;
              c.all_gather(in.data_ptr(), out.data_ptr(), in.numel(), d);
            })
+      .def("all_gather_dequantize",
+           [](ShmComm& c, at::Tensor in, at::Tensor out, int64_t n, int64_t bits, int64_t block, at::Tensor order) {
+             // in: (rows, row_bytes) uint8 packed rows (quantize_blocks' layout); out: (nranks * rows, n)
+             // float32; order: nranks * rows int64, a permutation. False where `in` is not in this group's window.
+             TORCH_CHECK_VALUE(bits == 8 || bits == 4, "all_gather_dequantize: bits must be 8 or 4, got ", bits);
+             TORCH_CHECK_VALUE(block > 0 && block % 8 == 0, "all_gather_dequantize: block must be a positive multiple of 8");
+             TORCH_CHECK_VALUE(in.is_cpu() && in.scalar_type() == at::kByte && in.is_contiguous() && in.dim() == 2,
+                               "all_gather_dequantize: in must be a contiguous 2-D uint8 CPU tensor");
+             const int64_t rows = in.size(0), nblk = (n + block - 1) / block;
+             const int64_t row_bytes = nblk * block * bits / 8 + 4 * nblk;
+             TORCH_CHECK_VALUE(n >= 0 && in.size(1) == row_bytes && row_bytes % 4 == 0 &&
+                                   reinterpret_cast<uintptr_t>(in.data_ptr()) % 4 == 0,
+                               "all_gather_dequantize: rows of ", n, " values hold ", row_bytes, " bytes, got ", in.size(1));
+             const int64_t total = rows * c.nranks();
+             TORCH_CHECK_VALUE(out.is_cpu() && out.scalar_type() == at::kFloat && out.is_contiguous() &&
+                                   out.numel() == total * n,
+                               "all_gather_dequantize: out must be a contiguous float32 CPU tensor of ", total * n, " values");
+             TORCH_CHECK_VALUE(order.is_cpu() && order.scalar_type() == at::kLong && order.is_contiguous() &&
+                                   order.numel() == total,
+                               "all_gather_dequantize: order must hold ", total, " int64 row indices");
+             const int64_t* o = order.data_ptr<int64_t>();
+             std::vector<bool> seen(static_cast<size_t>(total), false);
+             for (int64_t k = 0; k < total; ++k) {
+               TORCH_CHECK_VALUE(o[k] >= 0 && o[k] < total && !seen[static_cast<size_t>(o[k])],
+                                 "all_gather_dequantize: order must be a permutation of 0..", total - 1);
+               seen[static_cast<size_t>(o[k])] = true;
+             }
+             py::gil_scoped_release nogil;
+             return c.all_gather_dequantize(in.data_ptr(), rows, row_bytes, n, bits, block, o, out.data_ptr<float>());
+           })
       .def("all_gather_v",
            [](ShmComm& c, at::Tensor in, at::Tensor out, std::vector<size_t> counts) {
              const DType d = check_pair(in, out);

@@ -221,7 +221,8 @@ def train_case(rank, world, runs, steps, micro, repeat=False):
             g.free()
         masters = [g.master.detach().clone().tolist() for g in model.groups]
         split = model.split
-        out[name] = (losses, counts, qw_exact, masters, split is not None and split.several_hosts)
+        fused = sum(g.qw_fused for g in units)
+        out[name] = (losses, counts, qw_exact, masters, split is not None and split.several_hosts, fused)
         if split is not None:
             split.close()
     return out
@@ -245,6 +246,25 @@ def test_hpz_is_bitwise_plain_zero3_and_keeps_backward_in_the_host(hosts):
             assert counts == {"qw": steps * 2 * micro}, counts
         assert r["qw"][2] is True and r["hpz,qw"][2] is True
         assert r["qw"][3] != r["plain"][3], "qw changed nothing: the weights were not quantized"
+        # every qw gather's host step dequantized straight from the peers' registered rows (one more: qw_exact's)
+        assert r["qw"][5] == sum(c["qw"] for c in r["qw"][1]) + 1, r["qw"][5]
+
+
+def test_qw_fused_host_step_is_the_unfused_one_bit_for_bit():
+    """qw's host step dequantizes straight from the peers' registered rows (ShmComm::all_gather_dequantize);
+    with the buffers unregistered (RINGZERO_REGISTER_BUFFERS=0) it gathers the int8 rows, then dequantizes:
+    the trainings must be the same to the last bit. Hosts a,a,b,b: the two-step gather's rows arrive as group
+    ranks 0, 2, 1, 3, so a row written to its arrival place instead of its rank's differs (a planted bug of that
+    kind failed the hpz test above at a,a,b,b)."""
+    runs = [("qw", "qw"), ("hpz,qw,qg", "hpz,qw,qg")]
+    env = {"RINGZERO_HOST_IDS": "a,a,b,b"}
+    fused = run_ranks(4, train_case, runs, 2, 2, env=env, timeout_s=300)
+    plain = run_ranks(4, train_case, runs, 2, 2, env={**env, "RINGZERO_REGISTER_BUFFERS": "0"}, timeout_s=300)
+    for f, p in zip(fused, plain):
+        for name, _ in runs:
+            assert f[name][5] > 0 and p[name][5] == 0, (f[name][5], p[name][5])
+            assert f[name][3] == p[name][3] and f[name][0] == p[name][0], name
+            assert f[name][2] is True and p[name][2] is True
 
 
 def accumulate_case(rank, world):

@@ -74,6 +74,13 @@ def dequantize(packed: torch.Tensor, numel: int, bits: int, block: int, out: tor
     return out
 
 
+def is_registered_packed(packed: torch.Tensor) -> bool:
+    """Whether packed rows lie in memory a host's ranks share (comm.flat_zeros / ringzero.empty), where the
+    fused gather of zeropp.py reads them from the peers."""
+    from ...comm.registered import is_registered
+    return packed.is_cpu and is_registered(packed)
+
+
 def error_bound(x: torch.Tensor, bits: int, block: int) -> torch.Tensor:
     """Per-element bound on |x - dequantize(quantize(x))| (without float32 rounding): max |x| of the
     element's block / (2 L), computed in float64 (x: 1-D)."""

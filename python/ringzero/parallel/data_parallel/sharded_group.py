@@ -102,6 +102,7 @@ class ShardedGroup:
         self.zeropp, self.split = zeropp, split
         self._gather_kind = None
         self.gathers = collections.Counter()  # gathers started, by source: master, qw, secondary
+        self.qw_fused = 0  # qw gathers whose host step dequantized straight from the peers (HostSplit.gather_dequantize)
         self.secondary = None
         self._secondary_version = None  # master._version the secondary was taken at; None: not valid
         several = split is not None and split.several_hosts
@@ -172,10 +173,11 @@ class ShardedGroup:
                                                        async_op=True)
         elif self._qw_send is not None:  # qw: int8 blocks of the float32 master, dequantized at the wait
             self._gather_kind = "qw"
-            self._qw_recv = torch.empty(self.layout.world * self._qw_bytes, dtype=torch.uint8, device=self.compute_device)
             if self._qw_cross is not None:  # step 1 of 2 (the host's step at the wait)
                 self._gather_work = self._qw_step1(master)
             else:
+                self._qw_recv = torch.empty(self.layout.world * self._qw_bytes, dtype=torch.uint8,
+                                            device=self.compute_device)
                 qz.quantize(master.to(self.compute_device), 8, self.zeropp.block, out=self._qw_send)
                 self._gather_work = comm.all_gather_single(self._qw_recv, self._qw_send, group=self.group,
                                                            async_op=True)
@@ -208,9 +210,17 @@ class ShardedGroup:
         if kind == "qw":
             rows = self.full.view(lay.world, lay.shard_numel)
             order = None
-            if self._qw_cross is not None:  # step 2: the host's; rows arrive in HostSplit.gathered_ranks' order
-                comm.all_gather_single(self._qw_recv, self._qw_cross, group=self.split.host_group)
-                order = self.split.gathered_order
+            if self._qw_cross is not None:  # step 2: the host's, dequantizing straight from the peers' rows
+                H = self.split.num_hosts
+                if self.split.gather_dequantize(self._qw_cross.view(H, self._qw_bytes), rows, lay.shard_numel, 8,
+                                                self.zeropp.block):
+                    kind = "qw-fused"
+                    self.qw_fused += 1
+                else:  # not registered: gathered, then dequantized; rows in HostSplit.gathered_order's order
+                    self._qw_recv = torch.empty(lay.world * self._qw_bytes, dtype=torch.uint8, device=self.compute_device)
+                    comm.all_gather_single(self._qw_recv, self._qw_cross, group=self.split.host_group)
+                    order = self.split.gathered_order
+        if kind == "qw":
             packed = self._qw_recv.view(lay.world, self._qw_bytes)
             if order is None:
                 qz.dequantize(packed, lay.shard_numel, 8, self.zeropp.block, out=rows)

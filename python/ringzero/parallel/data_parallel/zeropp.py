@@ -8,7 +8,9 @@ hosts, where ringzero's collectives already run at the link's bound.
   qw    the all-gather of the weights from the master shards in block-quantized int8 (quantize.py: a
         float32 scale per block of 256 values): a quarter of float32's bytes. The masters and the
         optimizer stay float32; forward and backward read the dequantized weights (the same on every rank,
-        and the same in backward as in forward).
+        and the same in backward as in forward). Across hosts in two steps: over the cross-host group, then
+        in the host, where each rank's rows are dequantized straight from its registered buffer
+        (gather_dequantize).
   qg    the gradients' reduce-scatter as a hierarchical all-to-all: in the host in full precision (shared
         memory), then across hosts each host's partial sums quantized once (int4 for `qg`/`qg4`, int8 for
         `qg8`), exchanged with one all-to-all among the ranks of one local index, and summed in float32
@@ -130,7 +132,26 @@ class HostSplit:
         # A gather over the cross-host group, then over the host group, gives the group ranks' blocks in
         # this order (the same as gather_rows'); None where that is already group-rank order.
         self.gathered_order = None if order == list(range(len(order))) else self.gather_rows
+        self._row_order = None  # gather_dequantize's row order, made at its first call
         self._executor = None
+
+    def gather_dequantize(self, packed: torch.Tensor, out: torch.Tensor, numel: int, bits: int, block: int) -> bool:
+        """qw's step in the host with the dequantization fused into it: packed (H rows of quantize()'s layout,
+        CPU, in a window of host_group: comm.flat_zeros) from every rank of the host, dequantized straight
+        into out (world rows of numel float32) in the group ranks' order; no staging copy of the int8 rows.
+        False (nothing done; the caller gathers, then dequantizes) where packed is not registered. Ordered
+        among the host group's collectives as any of them."""
+        c = get_communicator(self.host_group, "zeropp")
+        shm = c.shm
+        if shm is None or out.dtype != torch.float32 or not qz.is_registered_packed(packed):
+            return False
+        if self._row_order is None:
+            order = self.gathered_order if self.gathered_order is not None else torch.arange(len(self.gather_rows))
+            self._row_order = order.to(torch.long).contiguous()
+        done = []
+        c.run(lambda: done.append(shm.all_gather_dequantize(packed, out, numel, bits, block, self._row_order)), False,
+              out, "all_gather", packed)
+        return bool(done and done[0])
 
     @property
     def several_hosts(self) -> bool:
