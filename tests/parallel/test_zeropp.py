@@ -267,6 +267,66 @@ def test_qw_fused_host_step_is_the_unfused_one_bit_for_bit():
             assert f[name][2] is True and p[name][2] is True
 
 
+def test_arranged_pieces_put_every_gradient_where_the_rearranged_copy_had_it():
+    """qg's gradient buffer is written in its in-host step's row order (sharded_group._arranged_pieces): for
+    parameters that straddle rows, fill whole rows, sit in the padding's row, or are empty, the pieces give
+    exactly the natural flat buffer with its rows taken in that order (what start() copied before)."""
+    from ringzero.parallel.data_parallel.flat import FlatLayout
+    from ringzero.parallel.data_parallel.sharded_group import _arranged_pieces
+    seed = 4647
+    print("seed", seed)
+    g = torch.Generator().manual_seed(seed)
+    for world, sizes in ((4, [5, 3, 0, 8, 1]), (6, [13]), (4, [1, 1, 1, 1]), (6, [7, 30, 2, 11, 0, 29])):
+        params = [torch.nn.Parameter(torch.randn(n, generator=g)) for n in sizes]
+        layout = FlatLayout([(f"p{i}", p) for i, p in enumerate(params)], world, 0)
+        flat = layout.flatten([p.detach() for p in params], torch.float32)
+        for rows in (list(torch.randperm(world, generator=g)), list(range(world))[::-1]):
+            rows = [int(r) for r in rows]
+            pieces = _arranged_pieces(layout, rows)
+            got = torch.zeros(layout.padded_numel)  # as the buffer starts; no parameter value is 0
+            for p in params:
+                for src, dst, n in pieces[id(p)]:
+                    got[dst:dst + n] = p.detach().reshape(-1)[src:src + n]
+            want = flat.view(world, -1).index_select(0, torch.tensor(rows)).view(-1)
+            assert torch.equal(got, want), (world, sizes, rows)
+        assert _arranged_pieces(layout, list(range(world))) is None
+
+
+def arranged_case(rank, world, arranged):
+    from ringzero.models import Block, lm_loss
+    from ringzero.parallel import ZeroDataParallel
+    torch.manual_seed(0)
+    model = ZeroDataParallel(make_model(), stage=3, unit=Block, zeropp="hpz,qw,qg")
+    qg = [g for g in model.groups if g._qg is not None]
+    if not arranged:  # the rearranged copy of a group-order buffer instead (QuantizedReduceScatter.start)
+        for g in qg:
+            g._qg_pieces = None
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for step in batches(world, 2, 1):
+        x, y = local(step[0], rank)
+        lm_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    masters = [g.master.detach().clone().tolist() for g in model.groups]
+    n_arranged = sum(g._qg_pieces is not None for g in qg)
+    model.split.close()
+    return masters, len(qg), n_arranged
+
+
+@pytest.mark.parametrize("hosts", ["a,a,b,b", "a,a,a,b,b,b"])
+def test_qg_gradients_written_in_row_order_train_as_the_rearranged_copy(hosts):
+    """Where the in-host step's row order is not the group's (hosts a,a,b,b: rows 0, 2, 1, 3), copy_grad_in
+    writes each gradient straight into that order; two steps must leave every master as the rearranged copy
+    of a group-order buffer does, to the last bit."""
+    world = len(hosts.split(","))
+    env = {"RINGZERO_HOST_IDS": hosts}
+    direct = run_ranks(world, arranged_case, True, env=env, timeout_s=300)
+    copied = run_ranks(world, arranged_case, False, env=env, timeout_s=300)
+    for (m_direct, n_qg, n_arranged), (m_copied, _, n_off) in zip(direct, copied):
+        assert n_qg > 0 and n_arranged == n_qg and n_off == 0, (n_qg, n_arranged, n_off)
+        assert m_direct == m_copied
+
+
 def accumulate_case(rank, world):
     from ringzero.models import Block, lm_loss
     from ringzero.parallel import ZeroDataParallel

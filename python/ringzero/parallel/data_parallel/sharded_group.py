@@ -55,6 +55,27 @@ class _FutureWork:
         self.future.result()
 
 
+def _arranged_pieces(layout: FlatLayout, rows: list[int]) -> dict | None:
+    """qg's gradient buffer holds the shard-sized rows of the flat layout in the order its in-host
+    reduce-scatter takes them (HostSplit.gather_rows: physical row i is the layout's row rows[i]), so that
+    copy_grad_in writes each gradient where that step reads it, with no rearranged copy of the buffer.
+    Per parameter (by id): (offset in the parameter, offset in the buffer, elements) for each row it
+    touches. None where the order is the layout's own (plain views then)."""
+    if rows == list(range(len(rows))):
+        return None
+    c, where = layout.shard_numel, {r: i for i, r in enumerate(rows)}
+    pieces = {}
+    for slot in layout.slots:
+        start, end, out = slot.offset, slot.offset + slot.numel, []
+        while start < end:
+            r = start // c
+            stop = min(end, (r + 1) * c)
+            out.append((start - slot.offset, where[r] * c + start - r * c, stop - start))
+            start = stop
+        pieces[id(slot.param)] = out
+    return pieces
+
+
 class ShardedGroup:
     """named_params: (name, Parameter) of this group, in flat order; every rank passes the same list.
 
@@ -123,9 +144,11 @@ class ShardedGroup:
         elif zeropp.qw:
             self._qw_send = comm.flat_zeros(self._qw_bytes, torch.uint8, self.compute_device, self.group)
         self._qg = None
+        self._qg_pieces = None
         if zeropp.qg_bits and several and self.reduction is GradReduction.REDUCE_SCATTER:
             self._qg = QuantizedReduceScatter(split, lay.shard_numel, lay.world, zeropp.qg_bits, zeropp.block,
                                               zeropp.error_feedback)
+            self._qg_pieces = _arranged_pieces(lay, split.gather_rows.tolist())
 
     def secondary_valid(self) -> bool:
         """hpz: the secondary holds the weights of the current masters."""
@@ -259,8 +282,14 @@ class ShardedGroup:
             if self._grad_is_view():
                 self.master.grad = self.master.grad.clone()
             self._grad_view = None
-        view = self.layout.view(self.grad_flat, self._slots[id(p)])
-        view.copy_(grad) if grad is not None else view.zero_()
+        if self._qg_pieces is None:
+            view = self.layout.view(self.grad_flat, self._slots[id(p)])
+            view.copy_(grad) if grad is not None else view.zero_()
+        else:  # qg: each piece straight into the row order its in-host step reduces (_arranged_pieces)
+            flat = grad.reshape(-1) if grad is not None else None
+            for src, dst, n in self._qg_pieces[id(p)]:
+                piece = self.grad_flat[dst:dst + n]
+                piece.copy_(flat[src:src + n]) if flat is not None else piece.zero_()
         p.grad = None
 
     def reduce_async(self):
@@ -270,8 +299,9 @@ class ShardedGroup:
             self._reduce_work = comm.all_reduce(self.grad_flat, op=ReduceOp.AVG, group=self.group, async_op=True)
         elif self._qg is not None:  # qg: in the host in full precision, across hosts quantized (zeropp.py)
             self._reduce_out = torch.empty(self.layout.shard_numel, dtype=torch.float32, device=self.compute_device)
-            self._reduce_work = _FutureWork(*self._qg.start(self.grad_flat, self._reduce_out))
-            self.grad_flat = None  # start() reduces a rearranged copy of it
+            self._reduce_work = _FutureWork(*self._qg.start(self.grad_flat, self._reduce_out,
+                                                            arranged=self._qg_pieces is not None))
+            self.grad_flat = None  # the in-host step holds it until it is done (release_reduce_buffer)
         else:
             self._reduce_out = torch.empty(self.layout.shard_numel, dtype=self.reduce_dtype, device=self.compute_device)
             self._reduce_work = comm.reduce_scatter_single(self._reduce_out, self.grad_flat, op=ReduceOp.AVG,
@@ -279,7 +309,7 @@ class ShardedGroup:
 
     def release_reduce_buffer(self) -> bool:
         """Waits until the pending reduction no longer holds a buffer of the group's full size; False where
-        only finish_reduce() releases it. qg: its in-host step (the rearranged copy of grad_flat)."""
+        only finish_reduce() releases it. qg: its in-host step (which reads grad_flat)."""
         if self._qg is None or self._reduce_work is None:
             return False
         # Bounded: a wait past the group's timeout leaves it to finish_reduce, which raises the step's error.

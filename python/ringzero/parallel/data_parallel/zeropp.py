@@ -181,9 +181,15 @@ class QuantizedReduceScatter:
         self.bits, self.block = bits, block
         self.residual = torch.zeros(split.num_hosts, shard_numel) if error_feedback else None
 
-    def start(self, grad_flat: torch.Tensor, out: torch.Tensor) -> tuple[concurrent.futures.Future, threading.Event]:
+    def start(self, grad_flat: torch.Tensor, out: torch.Tensor,
+              arranged: bool = False) -> tuple[concurrent.futures.Future, threading.Event]:
+        """arranged: grad_flat's rows of c are already in split.gather_rows' order (ShardedGroup writes its
+        gradients so); else they are in group-rank order, and a rearranged copy is reduced."""
         s, c, H = self.split, self.c, self.split.num_hosts
-        staged = grad_flat.view(self.world, c).index_select(0, s.gather_rows).view(-1)
+        if arranged or s.gathered_order is None:
+            staged = grad_flat.view(-1)
+        else:
+            staged = grad_flat.view(self.world, c).index_select(0, s.gather_rows).view(-1)
         part = torch.empty(H * c, dtype=grad_flat.dtype)
         work = comm.reduce_scatter_single(part, staged, op=ReduceOp.SUM, group=s.host_group, async_op=True)
         host_done = threading.Event()
