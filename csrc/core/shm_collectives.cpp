@@ -45,9 +45,39 @@ void ShmComm::all_reduce(const void* in, void* out, size_t count, DType dtype, R
   }
 }
 
+void ShmComm::set_stage_streaming(int mode) {
+  if (mode < 0 || mode > 2)
+    throw InvalidArgument("set_stage_streaming: mode must be 0 (never), 1 (always) or 2 (by the placement probe), got " +
+                          std::to_string(mode));
+  stage_stream_mode_ = mode;
+}
+
+bool ShmComm::stage_streaming(size_t bytes) const {
+  return nranks_ == 2 && bytes >= kStageStreamMinBytes &&
+         (stage_stream_mode_ == 1 || (stage_stream_mode_ == 2 && stage_other_cache_));
+}
+
+// At the first slice's consume step (both ranks past its wait): a call that may stream probes the
+// placement again when it is the first, or kStageReprobeCalls such calls or kStageReprobeBytes have run
+// since the last probe; the verdict holds for this call's later slices and the next calls. The probe runs
+// at the same call on both ranks (the calls and their sizes are the same on each); the store type is
+// each rank's own choice and never changes the protocol.
+void ShmComm::reprobe_staging(const Slice& sl, size_t bytes, bool& stream) {
+  if (sl.index != 0 || nranks_ != 2 || bytes < kStageStreamMinBytes || stage_stream_mode_ != 2) return;
+  if (!staged_probed_ || staged_calls_ >= kStageReprobeCalls || staged_bytes_ >= kStageReprobeBytes) {
+    stage_other_cache_ = peer_on_other_cache(1 - rank_);
+    stream = stage_other_cache_;
+    staged_probed_ = true;
+    staged_calls_ = staged_bytes_ = 0;
+  }
+  staged_calls_ += 1;
+  staged_bytes_ += bytes;
+}
+
 // The first step of the all-reduces: this rank's slice of `in` into its slot.
-inline void ShmComm::stage_input(const void* in, const Slice& sl, size_t es) {
-  std::memcpy(slot(rank_, sl.k), static_cast<const char*>(in) + sl.offset * es, sl.count * es);
+inline void ShmComm::stage_input(const void* in, const Slice& sl, size_t es, bool stream) {
+  (stream ? copy_streaming : copy_cached)(slot(rank_, sl.k), static_cast<const char*>(in) + sl.offset * es,
+                                          sl.count * es);
 }
 
 // One-shot: copy in, one barrier, every rank reduces all n slots in rank order.
@@ -56,9 +86,11 @@ inline void ShmComm::stage_input(const void* in, const Slice& sl, size_t es) {
 void ShmComm::all_reduce_one_shot(const void* in, void* out, size_t count, DType dtype, ReduceOp op) {
   const size_t es = dtype_size(dtype);
   const Prepared p = prepare(op, nranks_);
+  bool stream = stage_streaming(count * es);
   run_slices(
-      count, slot_bytes_ / es, kWaitAll, [&](const Slice& sl) { stage_input(in, sl, es); }, no_work,
+      count, slot_bytes_ / es, kWaitAll, [&](const Slice& sl) { stage_input(in, sl, es, stream); }, no_work,
       [&](const Slice& sl) {
+        reprobe_staging(sl, count * es, stream);
         for (int q = 0; q < nranks_; ++q) srcs_[q] = slot(q, sl.k);
         reduce_n(static_cast<char*>(out) + sl.offset * es, srcs_.data(), nranks_, sl.count, dtype, p.op, p.divisor);
       });
@@ -77,9 +109,11 @@ void ShmComm::all_reduce_one_shot(const void* in, void* out, size_t count, DType
 void ShmComm::all_reduce_two_shot(const void* in, void* out, size_t count, DType dtype, ReduceOp op) {
   const size_t es = dtype_size(dtype);
   const Prepared p = prepare(op, nranks_);
+  bool stream = stage_streaming(count * es);
   run_slices(
-      count, slot_bytes_ / es, kWaitAll, [&](const Slice& sl) { stage_input(in, sl, es); }, no_work,
+      count, slot_bytes_ / es, kWaitAll, [&](const Slice& sl) { stage_input(in, sl, es, stream); }, no_work,
       [&](const Slice& sl) {
+        reprobe_staging(sl, count * es, stream);
         const uint64_t k = sl.k;
         const Range mine = chunk_range(sl.count, nranks_, rank_, es);
         for (int q = 0; q < nranks_; ++q) srcs_[q] = slot(q, k) + mine.offset * es;
@@ -107,7 +141,7 @@ void ShmComm::all_reduce_ring(const void* in, void* out, size_t count, DType dty
   const Prepared p = prepare(op, nranks_);
   const int left = (rank_ + nranks_ - 1) % nranks_;
   run_slices(
-      count, slot_bytes_ / es, kWaitAll, [&](const Slice& sl) { stage_input(in, sl, es); }, no_work,
+      count, slot_bytes_ / es, kWaitAll, [&](const Slice& sl) { stage_input(in, sl, es, false); }, no_work,
       [&](const Slice& sl) {
         const uint64_t k = sl.k;
         const uint64_t base = phase_;  // every rank has completed this phase
@@ -146,16 +180,19 @@ void ShmComm::reduce_scatter(const void* in, void* out, size_t count_per_rank, D
   }
   const Prepared p = prepare(op, nranks_);
   const char* input = static_cast<const char*>(in);
+  const size_t bytes = nranks_ * count_per_rank * es;
+  bool stream = stage_streaming(bytes);
   run_slices(
       count_per_rank, slot_bytes_ / es / nranks_, kWaitAll,
       [&](const Slice& sl) {
         for (int q = 0; q < nranks_; ++q)  // block q for rank q's reduction; this rank's own block stays in `in`
           if (q != rank_)
-            std::memcpy(slot(rank_, sl.k) + q * sl.count * es, input + (q * count_per_rank + sl.offset) * es,
-                        sl.count * es);
+            (stream ? copy_streaming : copy_cached)(slot(rank_, sl.k) + q * sl.count * es,
+                                                    input + (q * count_per_rank + sl.offset) * es, sl.count * es);
       },
       no_work,
       [&](const Slice& sl) {
+        reprobe_staging(sl, bytes, stream);
         const char* own = input + (rank_ * count_per_rank + sl.offset) * es;
         for (int q = 0; q < nranks_; ++q) srcs_[q] = q == rank_ ? own : slot(q, sl.k) + rank_ * sl.count * es;
         reduce_n(static_cast<char*>(out) + sl.offset * es, srcs_.data(), nranks_, sl.count, dtype, p.op, p.divisor);
@@ -184,7 +221,7 @@ void ShmComm::all_gather(const void* in, void* out, size_t count, DType dtype) {
   // which both ranks run: the same on every rank.
   const bool big = nranks_ == 2 && count * es >= kStreamGatherBytes;
   auto copy_out = big ? copy_streaming : copy_cached;
-  bool stream = false;
+  bool stream = !big && stage_streaming(nranks_ * count * es);
   const char* input = static_cast<const char*>(in);
   char* output = static_cast<char*>(out);
   run_slices(
@@ -202,6 +239,7 @@ void ShmComm::all_gather(const void* in, void* out, size_t count, DType dtype) {
       },
       [&](const Slice& sl) {
         if (sl.index == 0 && big) stream = peer_on_other_cache(1 - rank_);
+        if (!big) reprobe_staging(sl, nranks_ * count * es, stream);
         for (int q = 0; q < nranks_; ++q)
           if (q != rank_) copy_out(output + (q * count + sl.offset) * es, slot(q, sl.k), sl.count * es);
       });
@@ -278,7 +316,7 @@ void ShmComm::reduce(const void* in, void* out, size_t count, DType dtype, Reduc
   run_slices(
       count, slot_bytes_ / es, rank_ == root ? kWaitAll : kWaitNone,
       [&](const Slice& sl) {
-        if (rank_ != root) stage_input(in, sl, es);
+        if (rank_ != root) stage_input(in, sl, es, false);
       },
       no_work,
       [&](const Slice& sl) {

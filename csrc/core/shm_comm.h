@@ -56,6 +56,10 @@ class ShmComm {
   size_t slot_bytes() const { return slot_bytes_; }
   uint64_t seq() const { return seq_; }
   uint64_t probes() const { return probes_; }
+  // Staged all-reduces and reduce-scatters of two ranks, 64 KiB and more: 0 never stream their staging,
+  // 1 always, 2 (the default) while the last placement probe found two last-level caches.
+  void set_stage_streaming(int mode);
+  bool stage_other_cache() const { return stage_other_cache_; }
   double probe_ns() const { return probe_ns_; }
   void set_timeout(double timeout_s) { timeout_s_ = timeout_s; }
   // Whether waits may spin before they sleep: on by default when every rank has a core (never
@@ -189,7 +193,12 @@ class ShmComm {
   void check_abort() const;
   void abort_all(const std::string& reason);
 
-  void stage_input(const void* in, const Slice& sl, size_t es);
+  // Staging with streaming stores while the two ranks sit on two last-level caches ([Note: where the host
+  // runs the ranks' cores], shm_placement.cpp): whether this call of `bytes` starts streaming (the last
+  // verdict), and the re-probe at its first slice's consume step, which updates `stream`.
+  bool stage_streaming(size_t bytes) const;
+  void reprobe_staging(const Slice& sl, size_t bytes, bool& stream);
+  void stage_input(const void* in, const Slice& sl, size_t es, bool stream);
   void all_reduce_one_shot(const void* in, void* out, size_t count, DType dtype, ReduceOp op);
   void all_reduce_two_shot(const void* in, void* out, size_t count, DType dtype, ReduceOp op);
   void all_reduce_ring(const void* in, void* out, size_t count, DType dtype, ReduceOp op);
@@ -232,6 +241,11 @@ class ShmComm {
   bool spin_ = true;          // waits spin before they sleep (see set_spin)
   uint64_t probes_ = 0;       // peer_on_other_cache calls so far (the same on every rank)
   double probe_ns_ = 0;       // and the fastest round trip of the last one
+  uint64_t staged_calls_ = 0;        // since the last staging probe: calls that may stream (the same on
+  uint64_t staged_bytes_ = 0;        // every rank) and their bytes; the first such call probes
+  bool staged_probed_ = false;
+  bool stage_other_cache_ = false;   // the last re-probe's verdict (reprobe_staging)
+  int stage_stream_mode_ = 2;        // set_stage_streaming
   SingleCopy single_copy_ = SingleCopy::Untested;  // the same on every rank (decided together)
   bool single_copy_allowed_ = true;                // this rank's vote (set_single_copy)
   uint64_t windows_made_ = 0;   // create_window calls: the windows' ids, the same on every rank

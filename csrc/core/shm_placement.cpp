@@ -1,5 +1,5 @@
 // The placement probe: whether a peer runs on another last-level cache than this rank, and the
-// streaming copy that a large all-gather switches to when it does.
+// streaming copy that large all-gathers and two ranks' staged reductions switch to when it does.
 //
 // [Note: where the host runs the ranks' cores]
 // A VM's host may run two vCPUs on one last-level cache or on two (another CCD), and move them between
@@ -12,14 +12,22 @@
 // - a two-rank all-gather of kStreamGatherBytes and more per rank probes the placement after its first
 //   slice (peer_on_other_cache) and, on two L3s, stages the rest with streaming stores, which the peer
 //   then reads from memory; its output (32 MiB and more, past the L3) is always written with streaming
-//   stores, which skip the read of each line a plain store makes. Streaming elsewhere (the two-shot's
-//   copy in, only the peer's chunk, outputs that fit the L3) and prefetching were slower or no faster;
+//   stores, which skip the read of each line a plain store makes;
+// - two ranks' staged all-reduces (one-shot and two-shot) and reduce-scatters of kStageStreamMinBytes and
+//   more stage with streaming stores while the probe finds two L3s, probing again at the first slice of
+//   every kStageReprobeCalls-th such call (the host moves the vCPUs within seconds). On two L3s a peer's
+//   read of a line still dirty in the writer's cache crawled at ~2 GB/s: on the AMD EPYC VM this was
+//   the slow mode of whole runs, 1 MiB all-reduce ~700 us against ~120 on one L3; streamed, 170 us. On one
+//   L3 the streamed staging is slower (1 MiB 178 against 120 us), hence the probe. Streaming the
+//   two-shot's reduced chunk as well, or flushing it, was slower on both placements, and outputs that fit
+//   the L3 and prefetching were slower or no faster;
 // - the launcher binds each local rank to its own share of the cpus (launch.core_share,
 //   RINGZERO_BIND_CORES), as Open MPI does, and the spin decision counts the cpus of all the host's ranks
 //   (set_host_cpus), not one rank's own: the guest scheduler otherwise sometimes ran both on one vCPU.
 // _C.core_round_trip_ns tells the placements apart; ringzero bench and benchmarks/mpi_anchor.py record it
 // with every run. The measurements (2-core VM, 2026-11-25) are in benchmarks/RESULTS.md, "The
-// shared-memory collectives' measurements, moved out of the code".
+// shared-memory collectives' measurements, moved out of the code"; the staging's (AMD EPYC VM, 2026-12-01)
+// in "The slow mode was the host's placement (issue 47)".
 #include "shm_placement.h"
 
 #include <algorithm>

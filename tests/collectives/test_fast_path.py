@@ -155,3 +155,47 @@ def test_large_two_rank_all_gather_probes_and_stays_exact():
     ns = run_ranks(2, _large_all_gather, timeout_s=300)
     print(f"probe round trips (ns) per rank: {ns}")
     assert all(x > 0 for x in ns)
+
+
+def _staging_streams(rank, world):
+    """Two ranks on two last-level caches stage all-reduces and reduce-scatters of 64 KiB and more with
+    streaming stores (csrc/core/shm_collectives.cpp, [Note: where the host runs the ranks' cores]); the store
+    type must never change a result. Each mode (never, always, by the probe) runs the one-shot (64 KiB), the
+    two-shot (one slot, several slots and an odd tail) and the staged reduce-scatter on known integers, and
+    by the probe every 32nd call of 64 KiB and more probes again, on both ranks alike, smaller ones never."""
+    shm = get_communicator(dist.group.WORLD).shm
+    sizes = [(64 << 10) // 4, (256 << 10) // 4 + 1, (3 << 20) // 4 + 4099, 7]
+    seen = []
+    for mode in (1, 0, 2):
+        shm.set_stage_streaming(mode)
+        for n in sizes:
+            x = (torch.arange(n, dtype=torch.int32) % 1009) * (rank + 1)
+            ringzero.all_reduce(x)
+            assert torch.equal(x, (torch.arange(n, dtype=torch.int32) % 1009) * 3), (mode, n)
+            inp = torch.arange(2 * n, dtype=torch.int32) % 997 + rank
+            out = torch.empty(n, dtype=torch.int32)
+            ringzero.reduce_scatter_single(out, inp)
+            want = (torch.arange(2 * n, dtype=torch.int32) % 997)[rank * n:(rank + 1) * n] * 2 + 1
+            assert torch.equal(out, want), (mode, n)
+        seen.append(shm.probes)
+    probes = shm.probes
+    for i in range(64):  # 64 calls of 64 KiB: a probe every 32nd; 64 of 4 KB: none
+        ringzero.all_reduce(torch.ones((64 << 10) // 4))
+        ringzero.all_reduce(torch.ones(1000))
+    small = shm.probes - probes
+    for i in range(6):  # 32 MiB calls: a probe once 64 MiB have run since the last (the 3rd and 5th)
+        ringzero.all_reduce(torch.ones((32 << 20) // 4))
+    with pytest.raises(Exception, match="mode must be 0"):
+        shm.set_stage_streaming(3)
+    return seen, small, shm.probes - probes - small, shm.stage_other_cache
+
+
+def test_staging_streams_on_two_caches_and_stays_exact():
+    res = run_ranks(2, _staging_streams, timeout_s=300)
+    print(f"probes after modes always/never/probe, probes in 128 calls, last verdict: {res}")
+    for seen, small, large, _ in res:
+        assert seen[0] == seen[1], "a probe ran with the streaming pinned"
+        assert seen[2] > seen[1], "no probe ran by default"
+        assert small == 2, small
+        assert large == 2, large
+    assert res[0][:3] == res[1][:3], "the ranks probed at different calls"
