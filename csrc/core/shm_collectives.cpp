@@ -60,13 +60,13 @@ bool ShmComm::stage_streaming(size_t bytes) const {
 // At the first slice's consume step (both ranks past its wait): a call that may stream probes the
 // placement again when it is the first, or kStageReprobeCalls such calls or kStageReprobeBytes have run
 // since the last probe; the verdict holds for this call's later slices and the next calls. The probe runs
-// at the same call on both ranks (the calls and their sizes are the same on each); the store type is
-// each rank's own choice and never changes the protocol.
+// at the same call on both ranks: it depends on the calls and their sizes alone, which are the same on
+// each, not on set_stage_streaming (a rank's own, like the store type, which never changes the protocol).
 void ShmComm::reprobe_staging(const Slice& sl, size_t bytes, bool& stream) {
-  if (sl.index != 0 || nranks_ != 2 || bytes < kStageStreamMinBytes || stage_stream_mode_ != 2) return;
+  if (sl.index != 0 || nranks_ != 2 || bytes < kStageStreamMinBytes) return;
   if (!staged_probed_ || staged_calls_ >= kStageReprobeCalls || staged_bytes_ >= kStageReprobeBytes) {
     stage_other_cache_ = peer_on_other_cache(1 - rank_);
-    stream = stage_other_cache_;
+    stream = stage_streaming(bytes);
     staged_probed_ = true;
     staged_calls_ = staged_bytes_ = 0;
   }

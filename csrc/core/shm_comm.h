@@ -56,8 +56,9 @@ class ShmComm {
   size_t slot_bytes() const { return slot_bytes_; }
   uint64_t seq() const { return seq_; }
   uint64_t probes() const { return probes_; }
-  // Staged all-reduces and reduce-scatters of two ranks, 64 KiB and more: 0 never stream their staging,
-  // 1 always, 2 (the default) while the last placement probe found two last-level caches.
+  // Staged collectives of two ranks, 64 KiB and more: 0 never stream their staging, 1 always, 2 (the
+  // default) while the last placement probe found two last-level caches. This rank's own: the probes run
+  // whatever it is.
   void set_stage_streaming(int mode);
   bool stage_other_cache() const { return stage_other_cache_; }
   double probe_ns() const { return probe_ns_; }

@@ -162,7 +162,8 @@ def _staging_streams(rank, world):
     streaming stores (csrc/core/shm_collectives.cpp, [Note: where the host runs the ranks' cores]); the store
     type must never change a result. Each mode (never, always, by the probe) runs the one-shot (64 KiB), the
     two-shot (one slot, several slots and an odd tail) and the staged reduce-scatter on known integers, and
-    by the probe every 32nd call of 64 KiB and more probes again, on both ranks alike, smaller ones never."""
+    the placement is probed at the first call of 64 KiB and more, then again after 32 such calls or 64 MiB,
+    whatever the mode (a rank's own), on both ranks alike; smaller calls never probe."""
     shm = get_communicator(dist.group.WORLD).shm
     sizes = [(64 << 10) // 4, (256 << 10) // 4 + 1, (3 << 20) // 4 + 4099, 7]
     seen = []
@@ -185,17 +186,23 @@ def _staging_streams(rank, world):
     small = shm.probes - probes
     for i in range(6):  # 32 MiB calls: a probe once 64 MiB have run since the last (the 3rd and 5th)
         ringzero.all_reduce(torch.ones((32 << 20) // 4))
+    large = shm.probes - probes - small
+    shm.set_stage_streaming(rank)  # the ranks' own choices differ: rank 0 never streams, rank 1 always
+    for n in sizes:
+        x = (torch.arange(n, dtype=torch.int32) % 1009) * (rank + 1)
+        ringzero.all_reduce(x)
+        assert torch.equal(x, (torch.arange(n, dtype=torch.int32) % 1009) * 3), ("mixed", n)
+    shm.set_stage_streaming(2)
     with pytest.raises(Exception, match="mode must be 0"):
         shm.set_stage_streaming(3)
-    return seen, small, shm.probes - probes - small, shm.stage_other_cache
+    return seen, small, large, shm.stage_other_cache
 
 
 def test_staging_streams_on_two_caches_and_stays_exact():
     res = run_ranks(2, _staging_streams, timeout_s=300)
-    print(f"probes after modes always/never/probe, probes in 128 calls, last verdict: {res}")
+    print(f"probes after modes always/never/probe, in 128 small calls, in 6 large ones, last verdict: {res}")
     for seen, small, large, _ in res:
-        assert seen[0] == seen[1], "a probe ran with the streaming pinned"
-        assert seen[2] > seen[1], "no probe ran by default"
+        assert seen == [1, 1, 1], seen  # the first call of 64 KiB probed; 18 calls and 30 MiB since
         assert small == 2, small
         assert large == 2, large
     assert res[0][:3] == res[1][:3], "the ranks probed at different calls"
