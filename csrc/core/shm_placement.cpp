@@ -13,9 +13,10 @@
 //   slice (peer_on_other_cache) and, on two L3s, stages the rest with streaming stores, which the peer
 //   then reads from memory; its output (32 MiB and more, past the L3) is always written with streaming
 //   stores, which skip the read of each line a plain store makes;
-// - two ranks' staged all-reduces (one-shot and two-shot) and reduce-scatters of kStageStreamMinBytes and
-//   more stage with streaming stores while the probe finds two L3s, probing again at the first slice of
-//   every kStageReprobeCalls-th such call (the host moves the vCPUs within seconds). On two L3s a peer's
+// - two ranks' staged all-reduces (one-shot and two-shot), reduce-scatters and all-gathers (below
+//   kStreamGatherBytes per rank) of kStageStreamMinBytes and more stage with streaming stores while the
+//   probe finds two L3s, probing again at the first slice of such a call once kStageReprobeCalls of them
+//   or kStageReprobeBytes have run since the last probe (the host moves the vCPUs within seconds). On two L3s a peer's
 //   read of a line still dirty in the writer's cache crawled at ~2 GB/s: on the AMD EPYC VM this was
 //   the slow mode of whole runs, 1 MiB all-reduce ~700 us against ~120 on one L3; streamed, 170 us. On one
 //   L3 the streamed staging is slower (1 MiB 178 against 120 us), hence the probe. Streaming the

@@ -189,11 +189,12 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("name", &ShmComm::name)
       .def_property_readonly("seq", &ShmComm::seq)
       .def_property_readonly("probes", &ShmComm::probes,
-                             "Cache-placement probes run so far (large two-rank all-gathers; core/shm_placement.cpp)")
+                             "Cache-placement probes run so far (two-rank staged collectives; core/shm_placement.cpp)")
       .def_property_readonly("probe_ns", &ShmComm::probe_ns, "The fastest round trip of the last probe, ns")
       .def("set_stage_streaming", &ShmComm::set_stage_streaming, py::arg("mode"),
-           "Staged all-reduces and reduce-scatters of two ranks, 64 KiB and more: 0 never stream their staging, 1 "
-           "always, 2 (default) while the placement probe finds two last-level caches (core/shm_placement.cpp)")
+           "This rank's staged all-reduces, reduce-scatters and all-gathers of two ranks, 64 KiB and more: 0 never "
+           "stream their staging, 1 always, 2 (default) while the placement probe finds two last-level caches "
+           "(core/shm_placement.cpp); the probes run whatever it is")
       .def_property_readonly("stage_other_cache", &ShmComm::stage_other_cache,
                              "The last staging probe's verdict: the peer on another last-level cache")
       .def_property_readonly("rank", &ShmComm::rank)
