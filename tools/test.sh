@@ -6,12 +6,18 @@
 # (with nvcc: tools/cuda_torch_build.sh), then runs the Python tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Each phase's time, so that the whole run's (CI's limit 90 minutes, our target under 45) can be kept.
+PHASE_START=$SECONDS
+phase() { echo "[tools/test.sh] $1: $((SECONDS - PHASE_START)) s (total $((SECONDS / 60)) min $((SECONDS % 60)) s)"; PHASE_START=$SECONDS; }
 bash tools/setup.sh
+phase "setup and the editable build"
 PY=${PYTHON:-python3}
 NCCL_ROOT=$("$PY" -c "import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])" 2>/dev/null || true)
 cmake -S . -B build/cpp -G Ninja -DCMAKE_BUILD_TYPE=Release ${NCCL_ROOT:+-DRINGZERO_NCCL_ROOT=$NCCL_ROOT}
 cmake --build build/cpp -j "${MAX_JOBS:-2}"
+phase "C++ core, its tests and the CPU grid built"
 ctest --test-dir build/cpp --output-on-failure
+phase "ctest"
 # The CPU grid under ThreadSanitizer (its own build, CPU-grid tests only): the races and memory orderings
 # of the kernels that synchronise (one-shot, two-shot, ring: the fuzz; the missing-rank path; Adam; the
 # quantization's block reduction: every 7th case, 28 s),
@@ -26,15 +32,21 @@ cmake --build build/tsan -j "${MAX_JOBS:-2}" --target cpu_grid_tests
 RINGZERO_CPU_GRID_THREADS=64 RINGZERO_CPU_GRID_CHAOS=${RINGZERO_CPU_GRID_CHAOS:-$RANDOM} \
   RINGZERO_FUZZ_CASES=${RINGZERO_TSAN_FUZZ_CASES:-60} RINGZERO_QUANT_CASE_STRIDE=7 TSAN_OPTIONS="halt_on_error=1 exitcode=66" \
   ctest --test-dir build/tsan -L cpu_grid -E "^cpu_grid_(cuda|coverage)$" --output-on-failure
+phase "the CPU grid under ThreadSanitizer, built and run"
 # Static checks of the kernels' GPU code (no GPU needed): no spills, 128-bit packs (benchmarks/RESULTS.md).
-if command -v nvcc >/dev/null 2>&1; then "$PY" tools/cuda_static_check.py; fi
+if command -v nvcc >/dev/null 2>&1; then "$PY" tools/cuda_static_check.py; phase "static checks of the GPU code"; fi
 # csrc/torch against the oldest and newest supported torch (headers only; the build above used the
 # installed one). RINGZERO_COMPAT_TORCH="" skips it, or names other releases.
 COMPAT_TORCH=${RINGZERO_COMPAT_TORCH-2.10.0 2.15.0}
-if [ -n "$COMPAT_TORCH" ]; then bash tools/torch_compat.sh $COMPAT_TORCH; fi
+if [ -n "$COMPAT_TORCH" ]; then bash tools/torch_compat.sh $COMPAT_TORCH; phase "csrc/torch against torch $COMPAT_TORCH"; fi
 # A GPU user's install without a GPU, where nvcc is installed: the whole extension built and linked with
 # nvcc against a CUDA torch in an environment of its own (downloads torch 2.13.0+cu130 and its nvidia
 # wheels, about 3.5 GB, once per machine: kept in ~/.cache/ringzero), imported, and its no-GPU errors and
 # CPU tests run there; about 5 minutes on 2 cores. RINGZERO_CUDA_TORCH_BUILD=0 skips it.
-if command -v nvcc >/dev/null 2>&1 && [ "${RINGZERO_CUDA_TORCH_BUILD:-1}" != 0 ]; then bash tools/cuda_torch_build.sh; fi
-"$PY" -m pytest -q tests "$@"
+if command -v nvcc >/dev/null 2>&1 && [ "${RINGZERO_CUDA_TORCH_BUILD:-1}" != 0 ]; then
+  bash tools/cuda_torch_build.sh
+  phase "the CUDA build against a CUDA torch"
+fi
+# --durations: the slowest tests, to keep the suite's time in view.
+"$PY" -m pytest -q --durations=25 tests "$@"
+phase "pytest"
