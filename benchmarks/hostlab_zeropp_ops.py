@@ -31,7 +31,7 @@ sys.path[:0] = [HERE, os.path.join(os.path.dirname(HERE), "tests", "helpers"), o
 from hostlab_bench import TCP_GOODPUT, run_in_lab, slowest_medians_ms  # noqa: E402
 
 MODEL = dict(layers=4, d_model=320, heads=5, vocab=256)
-"""benchmarks/hostlab_zeropp.py's model: 4.97M parameters."""
+"""benchmarks/hostlab_zeropp.py's model: 5.12M parameters."""
 ROWS = ("weights all-gather, int8 (qw), across hosts", "weights all-gather, int8 (qw), in the host",
         "weights all-gather from the secondary (hpz)", "gradients reduce-scatter in the host (qg)",
         "gradients all-to-all, int4 (qg), across hosts")

@@ -207,9 +207,7 @@ class Hierarchical(NetworkRing):
     def block_segment_numel(self, whole: torch.Tensor) -> int:
         """Elements of each rank's block per segment of the pipelined reduce-scatter and all-gather, whose
         whole buffer (their input, their output) is `whole`; 0 where it is too small (the flat ring)."""
-        seg = pipeline_segment_bytes(whole.numel() * whole.element_size())
-        per = max(1, seg // whole.element_size() // self.world)
-        return per if whole.numel() >= PIPELINE_MIN_SEGMENTS * per * self.world else 0
+        return block_segment_numel(whole.numel(), whole.element_size(), self.world)
 
     def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, op: ReduceOp):
         seg = self.block_segment_numel(inp)
@@ -362,5 +360,13 @@ def pipeline_segment_bytes(nbytes: int) -> int:
     return min(PIPELINE_SEGMENT_BYTES, max(PIPELINE_SMALLEST_SEGMENT_BYTES, nbytes // PIPELINE_TARGET_SEGMENTS))
 
 
+def block_segment_numel(numel: int, element_size: int, world: int) -> int:
+    """Hierarchical.block_segment_numel for a whole buffer of numel elements over `world` ranks (also what
+    `ringzero estimate` counts the bytes across hosts by): 0 below PIPELINE_MIN_SEGMENTS segments (2 MiB)."""
+    seg = pipeline_segment_bytes(numel * element_size)
+    per = max(1, seg // element_size // world)
+    return per if numel >= PIPELINE_MIN_SEGMENTS * per * world else 0
+
+
 __all__ = ["HIERARCHICAL", "ONE_HOST", "RING", "SOLO", "RunningCall", "Solo", "SharedMemory", "NetworkRing",
-           "Hierarchical", "layout", "pick_transport", "split_avg"]
+           "Hierarchical", "block_segment_numel", "layout", "pick_transport", "split_avg"]

@@ -272,17 +272,23 @@ def _collectives(shape, layers, stage_params, micro, precision: Precision, plan:
             if z == 2 and m > 1:
                 notes.append(f"ZeRO-2: gradients reduce-scattered after each of the {m} micro-batches")
         else:
-            units = shape.n_layer + 2 if shape is not None else 1
             if shape is None:
                 notes.append("ZeRO-3 without layer shapes: one gather per pass counted (latency understated)")
+            blocks, root = _zero3_units(shape, params)
             zpp = plan.zeropp_options
             hosts = plan.dp // plan.ranks_per_host if zpp.any else 1
             if hosts > 1:
-                rows += _zeropp_rows(zpp, params, units, m, plan, precision, notes)
+                rows += _zeropp_rows(zpp, blocks, root, m, plan, precision, notes)
             else:
-                rows.append(("parameters all-gather, forward", "all_gather", "dp", m * weights, m * units))
-                rows.append(("parameters all-gather, backward", "all_gather", "dp", m * weights, m * units))
-                rows.append(("gradients reduce-scatter", "reduce_scatter", "dp", m * grads, m * units))
+                n, p = blocks
+                rows.append(("parameters all-gather, forward", "all_gather", "dp", m * n * p * precision.param_bytes,
+                             m * n))
+                rows.append(("parameters all-gather, backward", "all_gather", "dp", m * n * p * precision.param_bytes,
+                             m * n))
+                rows.append(("gradients reduce-scatter", "reduce_scatter", "dp", m * n * p * precision.grad_bytes,
+                             m * n))
+                if root:
+                    rows += _root_rows(root, m, precision)
     if plan.pp > 1:
         if shape is None or micro is None:
             notes.append("pipeline activations between stages not counted (give the model shape and --batch)")
@@ -296,34 +302,64 @@ def _collectives(shape, layers, stage_params, micro, precision: Precision, plan:
     return rows, notes
 
 
-def _zeropp_rows(zpp, params: int, units: int, m: int, plan: Plan, precision: Precision, notes: list) -> list:
-    """ZeRO-3's rows with ZeRO++'s options across hosts (parallel/data_parallel/zeropp.py). Groups: 'dp' (all
-    data-parallel ranks), 'dp-host' (a host's: L) and 'dp-cross' (one per host: H = dp / L). Block
-    quantization adds a float32 scale per zpp.block values."""
+def _zero3_units(shape, params: int) -> tuple[tuple[int, int], int]:
+    """ZeRO-3's units as ringzero's ZeroDataParallel forms them for `ringzero train` (parallel/data_parallel/
+    zero_units.py; a unit per block): ((how many blocks, parameters of each), the root group's parameters,
+    the embedding, the final norm and the head, which is gathered once per forward and kept until the end of
+    its backward, and never has an hpz secondary). Without a shape: one unit of every parameter, gathered for
+    the forward and again for the backward, and no root."""
+    if shape is None:
+        return (1, params), 0
+    per_block = shape.layer_params()
+    return (shape.n_layer, per_block), params - shape.n_layer * per_block
+
+
+def _root_rows(root: int, m: int, precision: Precision) -> list:
+    """The root group's rows (_zero3_units): one all-gather and one reduce-scatter per micro-batch."""
+    return [("root group all-gather, embedding and head", "all_gather", "dp",
+             m * root * precision.param_bytes, m),
+            ("root group gradients reduce-scatter", "reduce_scatter", "dp", m * root * precision.grad_bytes, m)]
+
+
+def _zeropp_rows(zpp, blocks: tuple[int, int], root: int, m: int, plan: Plan, precision: Precision,
+                 notes: list) -> list:
+    """ZeRO-3's rows with ZeRO++'s options across hosts (parallel/data_parallel/zeropp.py), for the units of
+    _zero3_units. Groups: 'dp' (all data-parallel ranks), 'dp-host' (a host's: L) and 'dp-cross' (one per
+    host: H = dp / L). Block quantization adds a float32 scale per zpp.block values."""
     L, H = plan.ranks_per_host, plan.dp // plan.ranks_per_host
-    weights, grads = params * precision.param_bytes, params * precision.grad_bytes
-    q8 = params * (1 + 4 / zpp.block)  # int8 values and their scales
+    n, per_block = blocks
+    units = n + (1 if root else 0)
+    params = n * per_block + root
+    block_weights = n * per_block * precision.param_bytes
     rows = []
-    # Gathers from the masters: the first forward of each step (every gather without hpz).
+    # Gathers from the masters: the blocks' first forward of each step (every gather without hpz), and the
+    # root's one gather per forward.
     from_masters = m if zpp.hpz else 2 * m
+    gathered = from_masters * n * per_block + m * root  # parameters gathered from the masters per step
+    gathers = from_masters * n + (m if root else 0)
     if zpp.qw:  # across hosts (H shards per call), then in the host (all dp shards)
-        rows.append(("weights all-gather, int8 (qw), across hosts", "all_gather", "dp-cross",
-                     from_masters * q8 * H / plan.dp, from_masters * units))
-        rows.append(("weights all-gather, int8 (qw), in the host", "all_gather", "dp-host",
-                     from_masters * q8, from_masters * units))
+        q8 = gathered * (1 + 4 / zpp.block)  # int8 values and their scales
+        rows.append(("weights all-gather, int8 (qw), across hosts", "all_gather", "dp-cross", q8 * H / plan.dp, gathers))
+        rows.append(("weights all-gather, int8 (qw), in the host", "all_gather", "dp-host", q8, gathers))
     else:
-        rows.append(("parameters all-gather from the masters", "all_gather", "dp", from_masters * weights,
-                     from_masters * units))
+        rows.append(("parameters all-gather from the masters", "all_gather", "dp", from_masters * block_weights,
+                     from_masters * n))
+        if root:
+            rows.append(_root_rows(root, m, precision)[0])
     if zpp.hpz:  # every other gather of the step reads the in-host secondary shard
         rows.append(("weights all-gather from the secondary (hpz)", "all_gather", "dp-host",
-                     (2 * m - from_masters) * weights, (2 * m - from_masters) * units))
+                     (2 * m - from_masters) * block_weights, (2 * m - from_masters) * n))
     if zpp.qg_bits:  # reduce-scatter in the host (full precision), then an all-to-all of H quantized rows
-        rows.append(("gradients reduce-scatter in the host (qg)", "reduce_scatter", "dp-host", m * grads, m * units))
+        rows.append(("gradients reduce-scatter in the host (qg)", "reduce_scatter", "dp-host",
+                     m * params * precision.grad_bytes, m * units))
         per_row = params / plan.dp * (zpp.qg_bits / 8 + 4 / zpp.block)
         rows.append((f"gradients all-to-all, int{zpp.qg_bits} (qg), across hosts", "all_to_all", "dp-cross",
                      m * H * per_row, m * units))
     else:
-        rows.append(("gradients reduce-scatter", "reduce_scatter", "dp", m * grads, m * units))
+        rows.append(("gradients reduce-scatter", "reduce_scatter", "dp", m * n * per_block * precision.grad_bytes,
+                     m * n))
+        if root:
+            rows.append(_root_rows(root, m, precision)[1])
     notes.append(f"ZeRO++ {zpp.names()}: {H} hosts x {L} ranks; block padding and the float32 scales of partial "
                  "blocks are not counted")
     return rows
@@ -331,19 +367,29 @@ def _zeropp_rows(zpp, params: int, units: int, m: int, plan: Plan, precision: Pr
 
 def cross_host_bytes(e: "Estimate") -> float | None:
     """Bytes each host sends to the others per step (payload, without frame headers), for data-parallel
-    training with plan.ranks_per_host ranks per host: the 'dp' collectives hierarchical ((H-1)/H of an
-    all-gather's or reduce-scatter's buffer per host, twice that for an all-reduce), the 'dp-cross' ones
-    ring or pairwise (each of the host's L ranks sends its share), 'dp-host' none. None without
-    ranks_per_host or with pipeline or tensor parallelism."""
+    training with plan.ranks_per_host ranks per host on ringzero's CPU transports (comm/transports.py,
+    Hierarchical): the 'dp' all-reduces hierarchical (2(H-1)/H of the buffer per host), the 'dp' all-gathers
+    and reduce-scatters hierarchical ((H-1)/H) where a call's buffer is cut in two pipeline segments or more
+    (2 MiB and up: transports.block_segment_numel), else on the flat ring over all dp ranks, ordered host by
+    host, whose one link out of each host carries (dp-1)/dp of the buffer; the 'dp-cross' ones ring or
+    pairwise (each of the host's L ranks sends its share), 'dp-host' none. None without ranks_per_host or
+    with pipeline or tensor parallelism."""
+    from ..comm.transports import block_segment_numel
+
     plan = e.plan
     L = plan.ranks_per_host
     if not L or plan.pp > 1 or plan.tp > 1:
         return None
-    H = plan.dp // L
+    H, W = plan.dp // L, plan.dp
     total = 0.0
     for c in e.collectives:
         if c.group == "dp":
-            total += (2 if c.op == "all_reduce" else 1) * (H - 1) / H * c.nbytes
+            if c.op == "all_reduce":
+                total += 2 * (H - 1) / H * c.nbytes
+            elif H > 1 and L > 1 and not block_segment_numel(int(c.nbytes / c.calls), 1, W):
+                total += (W - 1) / W * c.nbytes
+            else:
+                total += (H - 1) / H * c.nbytes
         elif c.group == "dp-cross":
             total += L * c.sent_per_rank
     return total
