@@ -215,11 +215,12 @@ void ShmComm::all_gather(const void* in, void* out, size_t count, DType dtype) {
   if (single_copy_ != SingleCopy::Off && count * es >= kSingleCopyMinBytes && count * es < kSingleCopyEndBytes &&
       all_gather_single_copy(static_cast<const char*>(in), static_cast<char*>(out), count, es))
     return;
-  // Two ranks, a block past kStreamGatherBytes ([Note: where the host runs the ranks' cores]): the output
-  // (larger than a last-level cache) is written with streaming stores; on two last-level caches, the
-  // slot too (decided after the first slice, from a probe). All from the op's arguments but the probe,
-  // which both ranks run: the same on every rank.
-  const bool big = nranks_ == 2 && count * es >= kStreamGatherBytes;
+  // Two ranks, a block of kSingleCopyEndBytes or more ([Note: single copy between a host's ranks], [Note:
+  // where the host runs the ranks' cores]): the output (both ranks' together larger than a last-level
+  // cache) is written with streaming stores; on two last-level caches, the slot too (decided after the
+  // first slice, from a probe). All from the op's arguments but the probe, which both ranks run: the same
+  // on every rank.
+  const bool big = nranks_ == 2 && count * es >= kSingleCopyEndBytes;
   auto copy_out = big ? copy_streaming : copy_cached;
   bool stream = !big && stage_streaming(nranks_ * count * es);
   const char* input = static_cast<const char*>(in);

@@ -6,8 +6,10 @@
 
 namespace ringzero {
 
-// Per rank: a two-rank all-gather of this much and more writes its output with streaming stores and
-// probes the placement ([Note: where the host runs the ranks' cores]).
+// Per rank: a registered two-rank all-gather of this much and more writes its output with streaming
+// stores, and a registered reduce-scatter's output of this much is reduced in pieces and streamed out
+// (shm_window.cpp). The staged all-gather streams its output, and probes the placement, from
+// kSingleCopyEndBytes (shm_single_copy.h; [Note: where the host runs the ranks' cores]).
 constexpr size_t kStreamGatherBytes = 16 << 20;
 
 // Two ranks, a staged all-reduce, reduce-scatter or all-gather of this much and more (the whole buffer):

@@ -11,11 +11,15 @@
 //      the ranks do not all start on one peer's pages), then signals again; no rank returns, so none
 //      lets its caller change its input, before every peer has read it.
 // Which blocks (shm_single_copy.h): below kSingleCopyMinBytes (64 KiB) one staged slice is as fast and needs
-// one synchronisation; from kSingleCopyEndBytes (16 MiB) on, the staged all-gather's streaming stores
-// (shm_placement.h) beat the kernel's copy, which writes the output with plain stores and runs at about
-// 60% of a memcpy here. On the 2-core VM (2 ranks, 2026-11-28, `ringzero bench`, RINGZERO_SINGLE_COPY=1
-// against 0): 256 KiB 11.5 against 20.4 us, 1 MiB 65-77 against 100-110 us, 4 MiB 321-355 against
-// 431-435 us, 16 MiB 1.75-1.92 against 1.84-1.95 ms, 64 MiB 14.3-15.5 against 12.5-13.6 ms.
+// one synchronisation; from kSingleCopyEndBytes (8 MiB) on, two ranks' staged all-gather, whose output
+// (twice the block, both ranks' together past a 32 MiB L3) it writes with streaming stores, beats the
+// kernel's copy, which writes the output with plain stores and runs at about 60% of a memcpy here. On the
+// Intel 2-core VM (2 ranks, 2026-11-28, `ringzero bench`, RINGZERO_SINGLE_COPY=1 against 0, the staged
+// output in plain stores below 16 MiB): 256 KiB 11.5 against 20.4 us, 1 MiB 65-77 against 100-110 us,
+// 4 MiB 321-355 against 431-435 us, 16 MiB 1.75-1.92 against 1.84-1.95 ms, 64 MiB 14.3-15.5 against
+// 12.5-13.6 ms. On the AMD EPYC VM (2026-12-02, 6 alternating runs, total output): 8 MiB single copy
+// 819-1276 us against 977-1402 staged and streamed, 16 MiB 2645-3407 against 2052-3239 (median 3056
+// against 2143), so the boundary moved from 16 to 8 MiB per rank.
 // The first call that qualifies decides, on every rank together: each rank votes (no at once where
 // set_single_copy(false), RINGZERO_SINGLE_COPY=0, else yes if it could read a few bytes of every peer's
 // input), publishes the vote, and all wait and read all votes. Single copy is on for good only if every

@@ -6,8 +6,9 @@
 namespace ringzero {
 
 // The blocks (bytes per rank) that an all-gather reads straight from its peers: from kSingleCopyMinBytes
-// up to, not including, kSingleCopyEndBytes (the Note says why both).
+// up to, not including, kSingleCopyEndBytes, where two ranks' staged all-gather takes over with streaming
+// stores for its output (the Note says why both).
 constexpr size_t kSingleCopyMinBytes = 64 << 10;
-constexpr size_t kSingleCopyEndBytes = 16 << 20;
+constexpr size_t kSingleCopyEndBytes = 8 << 20;
 
 }  // namespace ringzero

@@ -123,13 +123,13 @@ def test_direct_entry_refuses_without_synchronising(world):
 
 
 def _large_all_gather(rank, world):
-    """Two-rank all-gathers of 16 MiB and more per rank run a cache-placement probe after their first slice
+    """Two-rank all-gathers of 8 MiB and more per rank (kSingleCopyEndBytes) run a cache-placement probe after their first slice
     and may stage the rest with streaming stores (csrc/core/shm_placement.cpp, [Note: where the host runs the
     ranks' cores]): whichever way the probe decides, the result must equal the known integers, in place
     (input = this rank's block of the output) or not, blocking or async; each such call runs exactly one
     probe on every rank, smaller ones none."""
     comm = get_communicator(dist.group.WORLD)
-    per = (16 << 20) // 4 + 4099  # past the threshold, not a multiple of the 256 KiB slot
+    per = (8 << 20) // 4 + 4099  # past the threshold, not a multiple of the 256 KiB slot
     want = torch.cat([torch.arange(per, dtype=torch.int32) * 3 + q for q in range(world)])
     shm = comm.shm
     probes = shm.probes

@@ -24,7 +24,7 @@ import ringzero
 from harness import run_ranks
 from ringzero.comm.communicator import get_communicator
 
-MIN, END = 64 << 10, 16 << 20  # kSingleCopyMinBytes, kSingleCopyEndBytes (csrc/core/shm_single_copy.h)
+MIN, END = 64 << 10, 8 << 20  # kSingleCopyMinBytes, kSingleCopyEndBytes (csrc/core/shm_single_copy.h)
 
 
 def refuse_process_vm_readv():
