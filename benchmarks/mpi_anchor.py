@@ -26,7 +26,11 @@ nothing), with its defaults: the ranks bind themselves at setup ([Note: binding 
 comm/affinity.py; RINGZERO_BIND_CORES=0 in the environment turns that off here too). MPI buffers are numpy
 arrays; ringzero's are torch tensors; sizes count the whole buffer as `ringzero bench` does (all_reduce
 the tensor, reduce_scatter the input, all_gather the output), float32. all_reduce runs in place in all
-three (MPI_IN_PLACE).
+three (MPI_IN_PLACE). Pages: numpy advises transparent huge pages for arrays of 4 MiB and more by default,
+torch's CPU allocator does not (unless THP_MEM_ALLOC_ENABLE=1); so that the libraries copy the same kind of
+memory, ringzero's jobs run with THP_MEM_ALLOC_ENABLE=1 (--pages huge, the default; --pages as-is leaves
+torch's default, as runs before 2026-12-02 did). With 4 KiB pages ringzero's 8 MiB all-gather took 17% longer
+(benchmarks/RESULTS.md, issue 47, 2026-12-02).
 """
 from __future__ import annotations
 
@@ -145,7 +149,7 @@ def run_job(impl: str, args, result: str):
     if impl == "ringzero":
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
                HERE, "--worker", "ringzero"] + common  # (torchrun would take a --nproc after the script as its own)
-        env = os.environ
+        env = {**os.environ, "THP_MEM_ALLOC_ENABLE": "1"} if args.pages == "huge" else os.environ
     else:
         python, mpiexec = mpi_env(impl)
         cmd = [mpiexec, "-n", str(args.nproc), python, HERE, "--worker", "mpi"] + common
@@ -268,6 +272,7 @@ def header(runs: dict, args) -> str:
             f"{os.cpu_count()} cpus | {args.nproc} ranks | float32 | {len(runs['ringzero'])} rounds | budget {args.budget_s} s "
             f"per row | torch {torch.__version__} | {MPI4PY}\n# {versions}\n"
             f"# load average before: {args.load_before}\n"
+            f"# pages: {'huge pages for both (THP_MEM_ALLOC_ENABLE=1 for torch, numpy by default)' if args.pages == 'huge' else 'as-is (numpy huge from 4 MiB, torch 4 KiB)'}\n"
             f"# rounds on the same placement (every job one L3, or every job two): "
             f"{', '.join(str(r + 1) for r in same_placement_rounds(runs, list(runs))) or 'none'} of {len(runs['ringzero'])}\n"
             f"# cores per job, round by round (one: both cpus on one L3 before and after the job; split: on "
@@ -291,6 +296,9 @@ def main(argv=None):
     p.add_argument("--settle-s", type=float, default=2.0,
                    help="pause before each job: an MPI job's daemons and freed memory are still being torn down "
                         "for a moment after mpiexec returns, and the next job would share the cores with them")
+    p.add_argument("--pages", choices=("huge", "as-is"), default="huge",
+                   help="huge: ringzero's tensors on transparent huge pages too, as numpy's arrays (default); "
+                        "as-is: torch's default pages")
     p.add_argument("--out", default="", help="write <out>.md (table) and <out>.json (every run)")
     p.add_argument("--worker", choices=("ringzero", "mpi"), help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
