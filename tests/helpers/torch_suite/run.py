@@ -1,7 +1,7 @@
 """Runs torch's distributed test suite (suite.py) on gloo, on ringzero (BACKEND=ringzero) and with ringzero
 standing in for every gloo group (BACKEND=gloo, so the suite's gloo-only tests run too) at several world
 sizes, and says which tests pass on gloo but not on ringzero. The full run is this one command (about
-1 min per backend and world size on the 2-core machine, ranks forked):
+30 s per backend at world size 2 on the 2-core machine, ranks forked):
 
     PYTHONPATH=python nice -n 19 python tests/helpers/torch_suite/run.py --out /tmp/torch_suite
     python tests/helpers/torch_suite/run.py --backends ringzero --world-sizes 2 -k "test_send_recv"   # a subset

@@ -9,7 +9,8 @@ import; the ranks are forked from the process that imported this module and inhe
 out-of-tree backends in) with the features it shares with gloo: DDP, subgroups, and CUDA tensors
 ("gpu", "cuda": ours or NCCL's; with no GPU here those tests take their CPU paths, as on gloo).
 RINGZERO_SUITE_HOSTS="a,a,b,b" puts rank r on host "a" or "b" (RINGZERO_HOST_ID): groups spanning them run
-on ringzero's engine across hosts.
+on ringzero's engine across hosts. The harness's two polls (its file barrier, its wait for the ranks) look
+every 5 ms instead of every 100 ms: the same tests and outcomes, a run at world size 2 in 30 s, not 59.
 """
 import os
 import tempfile
@@ -91,3 +92,23 @@ class TorchSuite(TestDistBackend, DistributedTest._DistTestBase):
     def setUp(self):
         super().setUp()
         self._start_processes(torch.multiprocessing.get_context("fork").Process)
+
+
+def _polling_every(fn, seconds):
+    """fn (a function of torch's harness) with the `time` it sees replaced by one whose sleep lasts at most
+    `seconds`: torch polls its file barrier and its ranks' exit every 0.1 s, a fixed cost per test."""
+    import time
+    import types
+
+    clock = types.SimpleNamespace(**{name: getattr(time, name) for name in dir(time) if not name.startswith("_")})
+    clock.sleep = lambda s: time.sleep(min(s, seconds))
+    patched = types.FunctionType(fn.__code__, {**fn.__globals__, "time": clock}, fn.__name__, fn.__defaults__,
+                                 fn.__closure__)
+    patched.__kwdefaults__, patched.__qualname__ = fn.__kwdefaults__, fn.__qualname__
+    return patched
+
+
+from torch.testing._internal.distributed import distributed_test  # noqa: E402
+
+distributed_test.Barrier.sync = classmethod(_polling_every(distributed_test.Barrier.sync.__func__, 0.005))
+TestDistBackend._join_processes = _polling_every(TestDistBackend._join_processes, 0.005)
