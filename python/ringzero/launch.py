@@ -31,8 +31,9 @@ def _worker(rank: int, nproc: int, port: int, fn, args, device: str, parent=None
         os.environ.clear()
         os.environ.update(environ)
         for target, fd in zip((1, 2), stdio):
-            os.dup2(fd, target)
-            os.close(fd)
+            if fd is not None and fd != target:
+                os.dup2(fd, target)
+                os.close(fd)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(nproc),
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(nproc))
     _run(fn, args, nproc, device)
@@ -215,4 +216,12 @@ def _stdio_for_child():
             stream.flush()
         except (AttributeError, ValueError):
             pass
-    return _ParentFd(1), _ParentFd(2)
+    return tuple(_ParentFd(fd) if _is_open(fd) else None for fd in (1, 2))
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+        return True
+    except OSError:  # a launching process without stdout or stderr: the ranks keep the server's
+        return False

@@ -1,10 +1,11 @@
 """Trains a small regression model with Ray Train's TorchTrainer on a local Ray cluster, 2 CPU workers,
 TorchConfig(backend=BACKEND), and saves the initial and final parameters: run by tests/backend/test_frameworks.py
-once with "gloo" and once with "ringzero". The workers never import ringzero: Ray makes their process
-group before the training function runs, so "ringzero" is known there through torch's backend
-autoload alone (python/ringzero_autoload.py).
+with "gloo" and "ringzero", one training after the other on one Ray cluster (its start and stop cost more
+than a training). The workers never import ringzero: Ray makes their process group before the training
+function runs, so "ringzero" is known there through torch's backend autoload alone
+(python/ringzero_autoload.py).
 
-    python tests/helpers/run_ray_train.py BACKEND OUT_PATH
+    python tests/helpers/run_ray_train.py BACKEND OUT_PATH [BACKEND OUT_PATH ...]
 """
 import os
 import sys
@@ -44,21 +45,26 @@ def train_loop(config):
                     "backend_class": backend_class}, config["out_path"])
 
 
-def main(backend: str, out_path: str) -> None:
+def main(runs: list[tuple[str, str]]) -> None:
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
-        trainer = TorchTrainer(train_loop, train_loop_config={"out_path": out_path},
-                               torch_config=TorchConfig(backend=backend),
-                               scaling_config=ScalingConfig(num_workers=2, use_gpu=False,
-                                                            resources_per_worker={"CPU": 1}),
-                               run_config=RunConfig(storage_path=os.path.dirname(os.path.abspath(out_path))))
-        trainer.fit()
-        saved = torch.load(out_path)
-        saved["initial"] = make_model().state_dict()
-        torch.save(saved, out_path)
+        for backend, out_path in runs:
+            trainer = TorchTrainer(train_loop, train_loop_config={"out_path": out_path},
+                                   torch_config=TorchConfig(backend=backend),
+                                   scaling_config=ScalingConfig(num_workers=2, use_gpu=False,
+                                                                resources_per_worker={"CPU": 1}),
+                                   run_config=RunConfig(storage_path=os.path.dirname(os.path.abspath(out_path)),
+                                                        name=f"ray-train-{backend}"))
+            trainer.fit()
+            saved = torch.load(out_path)
+            saved["initial"] = make_model().state_dict()
+            torch.save(saved, out_path)
     finally:
         ray.shutdown()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    args = sys.argv[1:]
+    if not args or len(args) % 2:
+        sys.exit(f"usage: {sys.argv[0]} BACKEND OUT_PATH [BACKEND OUT_PATH ...]")
+    main(list(zip(args[0::2], args[1::2])))
