@@ -225,7 +225,8 @@ def run(args):
 
 def main(argv=None):
     p = argparse.ArgumentParser(prog="ringzero bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--nproc", type=int, default=2, help="ranks to spawn when not under torchrun (default 2)")
+    p.add_argument("--nproc", type=int, default=2,
+                   help="ranks to start when not under torchrun (default 2; on the CPU forked from a fork server)")
     p.add_argument("--ops", default=",".join(OPS), help=f"comma-separated, from {', '.join(OPS)}")
     p.add_argument("--min-bytes", type=parse_size, default=8)
     p.add_argument("--max-bytes", type=parse_size, default=256 << 20)

@@ -35,7 +35,8 @@ def parse_args(argv=None):
     how.add_argument("--strategy", choices=ALL_STRATEGIES, default=None, help="one strategy (default ddp)")
     how.add_argument("--compare", default=None, help="comma-separated strategies to run in turn on the same data; "
                      f"also the stock-torch rows {', '.join(BASELINES)}")
-    p.add_argument("--nproc", type=int, default=2, help="ranks to spawn when not under torchrun (default 2)")
+    p.add_argument("--nproc", type=int, default=2,
+                   help="ranks to start when not under torchrun (default 2; on the CPU forked from a fork server)")
     p.add_argument("--pp", type=int, default=None, help="pipeline stages for pp strategies (default: all ranks for "
                    "pp, half of them for pp+zero*)")
     p.add_argument("--tp", type=int, default=None, help="tensor-parallel ranks for tp, tp+zero1 and 3d (default: all "
