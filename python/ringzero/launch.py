@@ -157,6 +157,21 @@ def launch(fn, nproc: int, *args, device: str = "cpu"):
                        start_method=start_method)
 
 
+def run_as_user_script(fn, *args):
+    """Runs fn(*args) in this torchrun rank as a user's own script would: init_process_group("gloo") from
+    torchrun's environment, nothing bound by a launcher (the ranks then bind themselves at setup,
+    [Note: binding at setup] in comm/affinity.py), and the process group torn down after. The benchmarks
+    that set ringzero against other libraries launch it this way, as most users do."""
+    import ringzero
+
+    dist.init_process_group("gloo")
+    try:
+        return fn(*args)
+    finally:
+        ringzero.destroy_communicators()
+        dist.destroy_process_group()
+
+
 # [Note: the fork server]
 # `--nproc N` starts its ranks from a fork server (multiprocessing's "forkserver"): one process, started at
 # the first launch and kept for the launching process's life, that imports torch, ringzero and fn's module
