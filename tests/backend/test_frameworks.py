@@ -36,14 +36,19 @@ SafePyObject decref -> take_gil -> pthread_exit -> std::terminate; no ringzero f
 of the Lightning script on this 2-core machine; torch's issue #190489)."""
 
 
+def run_helper(script, args, launcher=(sys.executable,)):
+    """tests/helpers/<script> ARGS..., one thread per rank for torch's own compute."""
+    return subprocess.run([*launcher, os.path.join(HERE, script), *args], capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
 def train(script, backend, tmp_path, launcher=(sys.executable,)):
     """Runs tests/<script> BACKEND OUT; returns what it saved: initial and final parameters, backend class.
     The gloo reference run is run once more when it died of torch's own abort at exit (above); a ringzero
     run never is."""
     out = tmp_path / f"{backend}.pt"
     for attempt in (1, 2):
-        done = subprocess.run([*launcher, os.path.join(HERE, script), backend, str(out)], capture_output=True,
-                              text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        done = run_helper(script, [backend, str(out)], launcher)
         if done.returncode == 0 or backend != "gloo" or TORCH_GLOO_EXIT_ABORT not in done.stderr or attempt == 2:
             break
         print(f"{script} gloo: a rank aborted at exit ({TORCH_GLOO_EXIT_ABORT!r}, torch's gloo): run again")
@@ -72,9 +77,7 @@ def test_ray_train_on_ringzero_matches_gloo(tmp_path):
     """Both runs on one Ray cluster (run_ray_train.py), gloo's first."""
     require("ray.train.torch", "'ray[train]'")
     outs = {b: tmp_path / f"{b}.pt" for b in ("gloo", "ringzero")}
-    done = subprocess.run([sys.executable, os.path.join(HERE, "run_ray_train.py"),
-                           *(str(x) for b, out in outs.items() for x in (b, out))], capture_output=True, text=True,
-                          timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    done = run_helper("run_ray_train.py", [str(x) for b, out in outs.items() for x in (b, out)])
     assert done.returncode == 0, f"ray runs failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     assert_same_training(*(torch.load(out) for out in outs.values()))
 
