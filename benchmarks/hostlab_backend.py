@@ -142,6 +142,7 @@ def main():
     p.add_argument("--ranks-per-host", type=int, default=2)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--burst-bytes", type=int, default=None, help="tbf bucket (default: hostlab's)")
     p.add_argument("--rank", metavar="OUT", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.rank:
@@ -153,11 +154,12 @@ def main():
     print(f"# hostlab_backend | {H} hosts x {L} ranks | init_process_group('ringzero') against a gloo group | "
           f"float32 SUM | median of {args.repeats}, slowest rank | {time.strftime('%Y-%m-%d')}")
     for rate in args.rates_gbit:
-        with hostlab.HostLab(H, rate_gbit=rate) as lab, tempfile.TemporaryDirectory() as out:
+        with hostlab.HostLab(H, rate_gbit=rate, burst_bytes=args.burst_bytes) as lab, tempfile.TemporaryDirectory() as out:
             argv = [os.path.abspath(__file__), "--rank", out, "--repeats", str(args.repeats), "--steps",
                     str(args.steps), "--sizes-mib", *map(str, args.sizes_mib)]
             result = run_in_lab(lab, [L] * H, argv, out, 1500)
-        print(f"\nlink {rate:g} Gbit/s per host and direction; load average {os.getloadavg()[0]:.2f}")
+        print(f"\nlink {rate:g} Gbit/s per host and direction (tbf burst {lab.burst_bytes} B); load average "
+              f"{os.getloadavg()[0]:.2f}")
         print(f"{'dist.' + 'op':<16} | {'MiB':>4} | {'ringzero ms':>11} | {'gloo ms':>8} | {'gloo/rz':>7} | "
               f"{'bound ms':>8} | {'of bound':>8} | equal")
         for row in result["rows"]:

@@ -273,7 +273,7 @@ def main():
     p.add_argument("--ranks-per-host", type=int, default=2)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--burst-bytes", type=int, default=None, help="tbf bucket (default: hostlab's, 1 ms of the rate, "
-                   "at least 1 MiB)")
+                   "at least 128 KiB)")
     p.add_argument("--intra-gbps", type=float, default=None, help="the estimate's in-host link (shared memory), "
                    "gigabits/s per rank and direction (default: calibrated from the measured in-host phases)")
     p.add_argument("--latency-us", type=float, default=100.0, help="the estimate's step latency")

@@ -61,6 +61,7 @@ def estimated_bytes(args, hosts: int, local: int) -> dict:
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rate-gbit", type=float, default=1.0)
+    p.add_argument("--burst-bytes", type=int, default=None, help="tbf bucket (default: hostlab's)")
     p.add_argument("--hosts", type=int, default=2)
     p.add_argument("--ranks-per-host", type=int, default=2)
     p.add_argument("--rounds", type=int, default=3)
@@ -89,7 +90,8 @@ def main():
     step_ms = {k: [] for k in rows}
     per_step = {k: [] for k in rows}
     loss = {k: [] for k in rows}
-    with hostlab.HostLab(H, rate_gbit=args.rate_gbit) as lab, tempfile.TemporaryDirectory() as tmp:
+    with hostlab.HostLab(H, rate_gbit=args.rate_gbit, burst_bytes=args.burst_bytes) as lab, \
+            tempfile.TemporaryDirectory() as tmp:
         for rnd in range(args.rounds):
             for name, how in rows.items():
                 if name in refused:
@@ -119,7 +121,8 @@ def main():
     base = statistics.median(step_ms["zero3"])
     base_bytes = statistics.median(per_step["zero3"])
     predicted = estimated_bytes(args, H, L)
-    print(f"\n# hostlab_zeropp | {H} hosts x {L} ranks | link {args.rate_gbit:g} Gbit/s | {' '.join(MODEL_ARGS)} | "
+    print(f"\n# hostlab_zeropp | {H} hosts x {L} ranks | link {args.rate_gbit:g} Gbit/s (tbf burst {lab.burst_bytes} B) | "
+          f"{' '.join(MODEL_ARGS)} | "
           f"medians of {args.rounds} rounds, steps {args.short_steps + 1}-{args.steps}")
     print(f"{'run':<24} | {'step ms':>8} | {'zero3 / run':>11} | {'MiB/host/step':>13} | {'estimate':>8} | "
           f"{'of zero3 bytes':>14} | spread ms")

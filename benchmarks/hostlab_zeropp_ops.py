@@ -126,8 +126,8 @@ def main():
     p.add_argument("--intra-gbps", type=float, default=None, help="the estimate's in-host link, gigabits/s per rank and "
                    "direction (default: calibrated from the lab's hpz row)")
     p.add_argument("--latency-us", type=float, default=100.0, help="the estimate's step latency")
-    p.add_argument("--burst-bytes", type=int, default=None, help="tbf bucket (default: hostlab's, at least 1 MiB, "
-                   "which lets a step's first MiB through above the rate)")
+    p.add_argument("--burst-bytes", type=int, default=None, help="tbf bucket (default: hostlab's, 1 ms of the rate; "
+                   "1048576 is the lab's default before 2026-12-02, which let a step's first MiB through above the rate)")
     p.add_argument("--rank", metavar="OUT", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.rank:
@@ -147,7 +147,7 @@ def main():
         intra = (L - 1) / L * nbytes * 8 / (lab_ms[hpz] * 1e-3) / 1e9
     est = estimated_ms(args.seq, args.batch, H, L, args.zeropp, args.rate_gbit, intra, args.latency_us)
     print(f"# hostlab_zeropp_ops | {H} hosts x {L} ranks | link {args.rate_gbit:g} Gbit/s | zeropp {args.zeropp} | "
-          f"median of {args.repeats}, slowest rank | tbf burst {args.burst_bytes or 'hostlab default (1 MiB)'} | "
+          f"median of {args.repeats}, slowest rank | tbf burst {lab.burst_bytes} B | "
           f"load {got['load']:.1f}")
     print(f"# estimate: --inter-gbps {args.rate_gbit * TCP_GOODPUT:.3f} (TCP goodput) --nics-per-node 1 --latency-us "
           f"{args.latency_us:g} --intra-gbps {intra:.1f}{' (from the hpz row)' if args.intra_gbps is None else ''}")

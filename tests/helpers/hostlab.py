@@ -29,6 +29,17 @@ RDZV_PORT = 29400
 NAME_PREFIX = "rzlab"
 """Every namespace of a lab is named rzlab<token>-<role>; labs_left() finds leftovers by it."""
 _OPEN_LABS: list["HostLab"] = []
+STRICT_BURST_MIN_BYTES = 128 << 10
+"""The smallest default tbf bucket: above a GSO packet (64 KiB), so tbf never has to cut one.
+
+[Note: the lab's link] tbf lets a full bucket through at the veth's speed, so a bucket of B bytes gives
+every sender that idled B / rate seconds B bytes for free. Until 2026-12-02 the default was 1 MiB: 8 ms of
+a 1 Gbit/s link after every pause of 8 ms, which no NIC gives. It flattered what pauses (a pipeline's
+in-host steps, the gaps between a step's collectives) and beat the link bound (101% for a 16 MiB
+reduce-scatter). With 1 ms of the rate (128 KiB at 1 Gbit/s) TCP still fills the link (gloo's bare
+point-to-point at 96% of the rate, the ceiling of 1448-byte segments in 1514-byte frames), and the lab's
+collectives and training steps are what a NIC at that rate would give. The A/B is in benchmarks/RESULTS.md
+("The lab's link was generous")."""
 
 
 def missing_requirements() -> list[str]:
@@ -67,9 +78,8 @@ class HostRun:
 
 class HostLab:
     """`hosts` hosts. rate_gbit: each link shaped with tbf to this rate in both directions (None:
-    unshaped veth); burst_bytes: the tbf bucket (default: 1 ms of the rate, at least 1 MiB: at
-    1 Gbit/s a 256 KiB bucket made the hierarchical all-reduce of 32 MiB (two TCP flows per link) take
-    517 ms against 416 ms with a 4 MB one, in benchmarks/hostlab_bench.py). same_hostname: every host
+    unshaped veth); burst_bytes: the tbf bucket (default: 1 ms of the rate, at least 128 KiB: a link
+    that, like a NIC, never runs above its rate; see [Note: the lab's link]). same_hostname: every host
     gets one hostname (to check that hosts are still told apart by their /dev/shm). Use as a context manager; close() is idempotent."""
 
     def __init__(self, hosts: int, rate_gbit: float | None = None, burst_bytes: int | None = None,
@@ -81,7 +91,7 @@ class HostLab:
             raise RuntimeError("hostlab needs " + "; ".join(missing))
         self.hosts = hosts
         self.rate_gbit = rate_gbit
-        self.burst_bytes = burst_bytes or max(1 << 20, int((rate_gbit or 0) * 1e9 / 8 * 1e-3))
+        self.burst_bytes = burst_bytes or max(STRICT_BURST_MIN_BYTES, int((rate_gbit or 0) * 1e9 / 8 * 1e-3))
         self.token = secrets.token_hex(3)
         self.lab_ns = f"{NAME_PREFIX}{self.token}-lab"
         self.host_ns = [f"{NAME_PREFIX}{self.token}-h{i}" for i in range(hosts)]

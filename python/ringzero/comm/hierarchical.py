@@ -87,19 +87,29 @@ def all_gather_pipelined(inp: torch.Tensor, out: torch.Tensor, hosts: list[list[
     all-gather of inp_seg into gathered (1D H*s, host h's at row h), returns a handle; cross_finish waits.
     """
     H, L, c = len(hosts), len(hosts[0]), inp.numel()
-    order = torch.tensor([r for ranks in hosts for r in ranks])
     rows = out.view(H * L, c)
     segments = [(a, min(c, a + segment_numel)) for a in range(0, c, segment_numel)]
     landed = [inp.new_empty(H, b - a) for a, b in segments]
     handles = [cross_start(inp[a:b], rows_h.view(-1)) for (a, b), rows_h in zip(segments, landed)]
+    gathered = inp.new_empty(L * segment_numel)  # one host's rows of a segment, local-rank order
+
+    def gather_host(h, a, b, part):
+        # Each host's rows are placed as soon as they are gathered, so that after a segment lands only the
+        # other hosts' rows remain to copy (the pipeline's exposed tail).
+        g = gathered[:L * (b - a)].view(L, b - a)
+        all_gather(part, g.view(-1))
+        ranks = hosts[h]
+        if ranks == list(range(ranks[0], ranks[0] + L)):  # the usual layout: a host's ranks in a row
+            rows[ranks[0]:ranks[0] + L, a:b].copy_(g)
+        else:
+            rows[:, a:b].index_copy_(0, torch.tensor(ranks), g)
+
     for (a, b), rows_h, handle in zip(segments, landed, handles):
-        full = inp.new_empty(H * L, b - a)  # host-major, as `order` lists the ranks
-        all_gather(rows_h[host_index], full[host_index * L:(host_index + 1) * L].view(-1))
+        gather_host(host_index, a, b, rows_h[host_index])
         cross_finish(handle)
         for h in range(H):
             if h != host_index:
-                all_gather(rows_h[h], full[h * L:(h + 1) * L].view(-1))
-        rows[:, a:b].index_copy_(0, order, full)
+                gather_host(h, a, b, rows_h[h])
 
 
 def all_reduce_hierarchical(x: torch.Tensor, local_world: int, reduce_scatter, cross_all_reduce, all_gather):
