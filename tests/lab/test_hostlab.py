@@ -175,6 +175,50 @@ def test_cut_link_raises_comm_timeout_naming_the_far_side(tmp_path, mib, door):
     assert all(names == [] for names in shm), shm
 
 
+RECEIVER = """
+import socket, sys, time
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("0.0.0.0", 5999)); s.listen(1)
+print("listening", flush=True)
+c, _ = s.accept(); buf = bytearray(1 << 20); n, t0 = 0, None
+while True:
+    k = c.recv_into(buf)
+    if k == 0:
+        break
+    t0 = t0 or time.perf_counter()
+    n += k
+print(n, time.perf_counter() - t0, flush=True)
+"""
+SENDER = """
+import socket, sys, time
+time.sleep(0.5)  # the link idle: a token bucket is full
+s = socket.create_connection((sys.argv[1], 5999)); s.sendall(bytes(int(sys.argv[2]))); s.close()
+"""
+
+
+def test_shaped_link_never_runs_above_its_rate():
+    """The lab's shaped link is a NIC at its rate ([Note: the lab's link], tests/helpers/hostlab.py): 4 MiB sent
+    after a pause take at least their time at the rate less 3 ms (the 1 ms bucket and slack). Reference: the
+    rate and the payload alone. Seen here: 32.9-33.8 ms against 33.6 at the rate; with the 1 MiB bucket of
+    before 2026-12-02, 25.6-26.2 ms: a link faster than its rate, and every lab bound wrong by it."""
+    nbytes, rate_gbit = 4 << 20, 1.0
+    bound_s = nbytes * 8 / (rate_gbit * 1e9)
+    with hostlab.HostLab(2, rate_gbit=rate_gbit) as lab:
+        rx = subprocess.Popen(lab.host_command(1, [sys.executable, "-c", RECEIVER]), stdout=subprocess.PIPE, text=True)
+        try:
+            assert rx.stdout.readline().strip() == "listening"
+            subprocess.run(lab.host_command(0, [sys.executable, "-c", SENDER, lab.addresses[1], str(nbytes)]),
+                           check=True, timeout=60)
+            got, elapsed_s = rx.stdout.readline().split()
+        finally:
+            rx.kill()
+            rx.wait()
+    elapsed_s = float(elapsed_s)
+    print(f"{int(got)} B in {elapsed_s * 1e3:.1f} ms; at the rate {bound_s * 1e3:.1f} ms; bucket {lab.burst_bytes} B")
+    assert int(got) == nbytes
+    assert elapsed_s >= bound_s - 3e-3, (elapsed_s, bound_s, lab.burst_bytes)
+    assert elapsed_s <= 1.5 * bound_s, (elapsed_s, bound_s)  # and shaped, not stalled
+
+
 def test_lab_leaves_nothing_behind():
     """A lab closed by its context manager after an error, and one whose process got SIGTERM, leave no
     namespace (hence no veth, bridge or /dev/shm of theirs) and no address in this namespace."""
