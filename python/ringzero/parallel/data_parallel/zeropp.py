@@ -202,16 +202,26 @@ class QuantizedReduceScatter:
             staged.clear()  # the in-host step's input, the group's full size
             host_done.set()
         s, c, H = self.split, self.c, self.split.num_hosts
+        own = s.cross_position
         rows = part.view(H, c).float()  # row i: this host's partial sums for cross-group rank i's block
         send = rows
         if self.residual is not None:
             send = rows + self.residual
-        packed = qz.quantize(send, self.bits, self.block)
+        # The own row travels to this rank itself and is replaced by the exact one below, so it is sent
+        # as zeros, not quantized; the other hosts' rows, before and after it, are.
+        others = [(a, b) for a, b in ((0, own), (own + 1, H)) if b > a]
+        packed = torch.empty(H, qz.packed_bytes(c, self.bits, self.block), dtype=torch.uint8)
+        packed[own].zero_()
+        for a, b in others:
+            qz.quantize(send[a:b], self.bits, self.block, out=packed[a:b])
         if self.residual is not None:
-            self.residual.copy_(send - qz.dequantize(packed, c, self.bits, self.block))
-            self.residual[s.cross_position].zero_()  # the own row is never quantized (below)
+            for a, b in others:
+                self.residual[a:b].copy_(send[a:b] - qz.dequantize(packed[a:b], c, self.bits, self.block))
+            self.residual[own].zero_()  # the own row is never quantized
         recv = torch.empty_like(packed)
         dist.all_to_all_single(recv, packed, group=s.exchange_group)
-        partials = qz.dequantize(recv, c, self.bits, self.block)  # (H, c): every host's partials of my block
-        partials[s.cross_position] = rows[s.cross_position]  # this host's own, exact
+        partials = torch.empty(H, c)  # every host's partials of my block
+        for a, b in others:
+            qz.dequantize(recv[a:b], c, self.bits, self.block, out=partials[a:b])
+        partials[own] = rows[own]  # this host's own, exact
         out.copy_(partials.sum(dim=0).div_(self.world))
