@@ -4,9 +4,9 @@
 # collective on simulated ranks and over N processes, and the missing-peer timeout tests among them) and
 # the CUDA benchmarks, and writes everything under $OUT when set, else under benchmarks/results/.
 #   bash benchmarks/gpu_check.sh            # build, ctest, pytest, bench: 580 s budget (took 308 s on an H200)
-#   bash benchmarks/gpu_check.sh train      # ringzero train --device cuda --compare, 2 ranks on one GPU: a
-#                                           # second call (490 s budget without the build; took 308-344 s on
-#                                           # an H200)
+#   bash benchmarks/gpu_check.sh train      # ringzero train --device cuda --compare, 2 ranks on one GPU, and
+#                                           # zeropp on CUDA: a second call (580 s budget without the build;
+#                                           # took 308-344 s on an H200 before zeropp's step was added)
 #   bash benchmarks/gpu_check.sh compile    # stock DDP under torch.compile on "ringzero", 2 ranks on one GPU
 #                                           # (inductor compiles per rank): 140 s budget without the build
 #                                           # (took 47 s on an H200)
@@ -60,6 +60,7 @@ L_RZBENCH=60          # 4c. ringzero bench --device cuda, simulated ranks and pr
 L_COMPILE=120         # 3b. compiled stock DDP, 2 ranks (inductor compiles in each rank)
 L_TRAIN=170           # 6. ringzero train --compare, 9 strategies
 L_TRAINCHK=300        # 7. CUDA losses against the CPU run, and --resume
+L_ZEROPP=90           # 8. zeropp on CUDA tensors, 2 ranks on one GPU (not yet timed on a device)
 
 BUILD_NEEDED=0
 if want build || [ ! -f build/gpu/test_cuda_fuzz ]; then BUILD_NEEDED=1; fi
@@ -84,7 +85,8 @@ want pytest && PLAN+=("$L_PYTEST|3. Python GPU tests: test_cuda, test_cuda_fuzz,
 want compile && PLAN+=("$L_COMPILE|3b. stock DDP under torch.compile on the ringzero backend, 2 ranks on one GPU")
 want bench && PLAN+=("$L_BENCH|4. CUDA benchmark (benchmarks/bench_cuda.py)" "$L_OPTIM|4b. fused Adam benchmark (benchmarks/optim.py --device cuda)"
                      "$L_RZBENCH|4c. ringzero bench --device cuda: 4 simulated ranks, then a process per GPU (2 sharing one GPU where there is one)")
-want train && PLAN+=("$L_TRAIN|6. ringzero train --device cuda --compare, 2 ranks on one GPU" "$L_TRAINCHK|7. CUDA losses against the CPU run, --resume on CUDA")
+want train && PLAN+=("$L_TRAIN|6. ringzero train --device cuda --compare, 2 ranks on one GPU" "$L_TRAINCHK|7. CUDA losses against the CPU run, --resume on CUDA"
+                     "$L_ZEROPP|8. zeropp (ZeRO-3 with ZeRO++'s options) on CUDA tensors, 2 ranks on one GPU")
 want bench && PLAN+=("$L_KBENCH|5. CUDA kernel benchmark without torch (build/gpu/bench_cuda_kernels)")
 PLANNED_S=$SETUP_S
 for p in "${PLAN[@]}"; do PLANNED_S=$(( PLANNED_S + ${p%%|*} )); done
@@ -213,6 +215,10 @@ if [ "$TORCH_CUDA" = 1 ]; then
     step "$L_TRAINCHK" "7. CUDA losses against the CPU run, and --resume on CUDA" bash -c \
       "set -o pipefail; '$PY' benchmarks/train_cuda_check.py --nproc 2 --steps 12 --strategies ddp,zero2,zero3,pp,pp+zero1 \
        | tee '$RESULTS/train_cuda_check_$STAMP.txt'"
+    # zeropp's CUDA form on one host: qw's gathers against the CPU kernels' bytes, hpz and qg changing nothing
+    # there (tests/helpers/run_cuda_zeropp.py); across hosts it needs a GPU per rank.
+    step "$L_ZEROPP" "8. zeropp on CUDA tensors (one host, 2 ranks on one GPU)" \
+      "$PY" -m pytest -q -rs tests/cuda/test_zeropp_cuda.py
   fi
 elif want pytest || want bench || want train || want compile; then
   echo "== 3-7 NOT RUN: this torch has no CUDA, so the Python GPU steps cannot run here"

@@ -102,8 +102,6 @@ def parse_args(argv=None):
             p.error(str(e))
         if not {"zero3", "deepspeed-zero3"} & set(args.strategies):
             p.error(f"--zeropp applies to zero3 and deepspeed-zero3; add one to the runs (got {', '.join(args.strategies)})")
-        if args.device == "cuda":
-            p.error("--zeropp runs on CPU tensors only so far; drop it or use --device cpu")
     if (args.save_every or args.resume) and not args.checkpoint_dir:
         p.error("--save-every and --resume need --checkpoint-dir")
     if args.device == "cuda" and not torch.cuda.is_available():

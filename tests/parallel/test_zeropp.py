@@ -414,3 +414,12 @@ def bad_case(rank, world):
 
 def test_bad_options_raise_clear_errors():
     assert all(run_ranks(3, bad_case, env={"RINGZERO_HOST_IDS": "a,a,b"}, timeout_s=300))
+
+
+def test_the_cuda_scripts_checks_hold_on_cpu_tensors():
+    """tests/helpers/run_cuda_zeropp.py, which tests/cuda/test_zeropp_cuda.py runs on a GPU, on CPU tensors: its
+    checks hold here too, so a failure on a GPU is the CUDA side's, not the script's."""
+    import run_cuda_zeropp
+    res = run_ranks(2, run_cuda_zeropp.case, "cpu", env={"RINGZERO_TIMEOUT_S": "120"}, timeout_s=300)
+    print(res[0])
+    assert all(r.startswith("qw loss gap") for r in res), res

@@ -10,7 +10,8 @@ its whole block NaN (its scale is not finite), so a NaN or inf gradient still sh
 Packed layout of n values (one row; `rows` of them side by side in a 2-D buffer): ceil(n / block) blocks,
 first their integers (8 bits: one int8 per value; 4 bits: two values per byte, q + 8 in the low nibble for
 the even position and in the high nibble for the odd one), zero-padded to whole blocks, then the blocks'
-scales as float32. packed_bytes() gives the row size; every row of one call has the same n.
+scales as float32. packed_bytes() gives the row size; every row of one call has the same n. A row is a whole
+number of 4-byte words (block is a multiple of 8), so packed rows can travel as int32 (zeropp.words).
 """
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ from ... import comm
 from ...comm.types import ReduceOp
 from . import quantize as qz
 from .flat import FlatLayout
-from .zeropp import QuantizedReduceScatter, ZeroPP
+from .zeropp import QuantizedReduceScatter, ZeroPP, words
 
 
 class ParamState(enum.Enum):
@@ -147,7 +147,7 @@ class ShardedGroup:
         self._qg_pieces = None
         if zeropp.qg_bits and several and self.reduction is GradReduction.REDUCE_SCATTER:
             self._qg = QuantizedReduceScatter(split, lay.shard_numel, lay.world, zeropp.qg_bits, zeropp.block,
-                                              zeropp.error_feedback)
+                                              zeropp.error_feedback, self.compute_device)
             self._qg_pieces = _arranged_pieces(lay, split.gather_rows.tolist())
 
     def secondary_valid(self) -> bool:
@@ -168,8 +168,8 @@ class ShardedGroup:
         if self._qw_cross is None or self._qw_early is not None or self.secondary_valid():
             return
         qz.quantize(self.master.detach().to(self.compute_device), 8, self.zeropp.block, out=self._qw_send)
-        self._qw_early = (comm.all_gather_single(self._qw_cross, self._qw_send, group=self.split.cross_group,
-                                                 async_op=True), self.master._version)
+        self._qw_early = (comm.all_gather_single(words(self._qw_cross), words(self._qw_send),
+                                                 group=self.split.cross_group, async_op=True), self.master._version)
 
     def _qw_step1(self, master):
         """The gather's cross-host step: the one start_qw_cross() began if it holds the current masters."""
@@ -180,7 +180,8 @@ class ShardedGroup:
                 return work
             work.wait()  # stale: the masters changed since; its buffers are reused below
         qz.quantize(master.to(self.compute_device), 8, self.zeropp.block, out=self._qw_send)
-        return comm.all_gather_single(self._qw_cross, self._qw_send, group=self.split.cross_group, async_op=True)
+        return comm.all_gather_single(words(self._qw_cross), words(self._qw_send), group=self.split.cross_group,
+                                      async_op=True)
 
     def gather_async(self):
         """Starts the all-gather of the master shards (as param_dtype) into `full`. Every rank of the
@@ -202,7 +203,7 @@ class ShardedGroup:
                 self._qw_recv = torch.empty(self.layout.world * self._qw_bytes, dtype=torch.uint8,
                                             device=self.compute_device)
                 qz.quantize(master.to(self.compute_device), 8, self.zeropp.block, out=self._qw_send)
-                self._gather_work = comm.all_gather_single(self._qw_recv, self._qw_send, group=self.group,
+                self._gather_work = comm.all_gather_single(words(self._qw_recv), words(self._qw_send), group=self.group,
                                                            async_op=True)
         else:
             self._gather_kind = "master"
@@ -241,7 +242,7 @@ class ShardedGroup:
                     self.qw_fused += 1
                 else:  # not registered: gathered, then dequantized; rows in HostSplit.gathered_order's order
                     self._qw_recv = torch.empty(lay.world * self._qw_bytes, dtype=torch.uint8, device=self.compute_device)
-                    comm.all_gather_single(self._qw_recv, self._qw_cross, group=self.split.host_group)
+                    comm.all_gather_single(words(self._qw_recv), words(self._qw_cross), group=self.split.host_group)
                     order = self.split.gathered_order
         if kind == "qw":
             packed = self._qw_recv.view(lay.world, self._qw_bytes)

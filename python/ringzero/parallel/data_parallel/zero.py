@@ -84,7 +84,7 @@ class ZeroDataParallel(nn.Module):
     zeropp: stage 3 across hosts: ZeRO++'s options (zeropp.py), names as 'hpz,qw,qg' or a list: hpz (a
       secondary shard of the weights in each host: backward's all-gather stays in the host), qw (the
       weights' all-gather in block-quantized int8), qg / qg4 / qg8 (gradients reduced across hosts from
-      int4 / int8 partial sums), ef (error feedback for qg). CPU tensors only.
+      int4 / int8 partial sums), ef (error feedback for qg). CPU or CUDA modules (CUDA: not yet run on a GPU).
     find_unused_parameters is implied: a parameter that gets no gradient contributes zeros (as in
     DeepSpeed and FSDP's flat parameters), so weight decay still applies to it.
     """
@@ -123,9 +123,9 @@ class ZeroDataParallel(nn.Module):
 
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         compute_device = named[0][1].device if named else torch.device("cpu")
-        if self.zeropp.any and compute_device.type != "cpu":
-            raise ValueError(f"ZeroDataParallel: zeropp={self.zeropp.names()!r} runs on CPU tensors only so far (the module "
-                             f"is on {compute_device}); drop zeropp")
+        if self.zeropp.any and compute_device.type not in ("cpu", "cuda"):
+            raise ValueError(f"ZeroDataParallel: zeropp={self.zeropp.names()!r} runs on CPU and CUDA modules (this one "
+                             f"is on {compute_device}); drop zeropp or move the module")
         self.split = HostSplit(self.group) if self.zeropp.any else None
         spec = ShardSpec(self.group, self.world, self.rank, self.param_dtype, reduce_dtype,
                          torch.device("cpu") if offload_optimizer else compute_device, self.zeropp, self.split)

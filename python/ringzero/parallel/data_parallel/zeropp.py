@@ -19,10 +19,16 @@ hosts, where ringzero's collectives already run at the link's bound.
         partial sums (error feedback).
 
 On one host hpz and qg change nothing (there is no link to save), and qw still quantizes (it is the user's
-choice; it only costs there). CPU tensors only for now: the quantization itself runs on CUDA tensors too
-(csrc/cuda/quantize.cu, the CPU kernels' bytes; proven on the CPU grid, not yet run on a GPU), but zeropp's
-steps around it are not written for CUDA (qg's all-to-all would need NCCL's, which one GPU cannot test).
-Every rank of the group must pass the same options.
+choice; it only costs there). Every rank of the group must pass the same options.
+
+CPU and CUDA tensors take the same steps, written once here and in sharded_group.py: the buffers live on the
+module's device, the quantization runs there (csrc/core/quantize_kernels.inc; csrc/cuda/quantize.cu, the same
+bytes), the packed rows travel as int32 words (`words`: the CUDA collectives carry no uint8, and every packed
+row is a whole number of words), and qg's background step runs on the stream its caller was on. What differs
+is below this file: ringzero's collectives pick shared memory and gloo, or CUDA IPC and NCCL, by the tensors'
+device; qg's all-to-all is torch's on the exchange group (gloo stages CUDA tensors through the host, NCCL
+takes them directly); qw's fused host step (gather_dequantize) is CPU only, and CUDA gathers the int8 rows,
+then dequantizes. The CUDA form has run on no GPU yet, and across hosts it needs a GPU per rank (NCCL).
 """
 from __future__ import annotations
 
@@ -40,6 +46,12 @@ from ..mesh import subgroups
 from . import quantize as qz
 
 NAMES = ("hpz", "qw", "qg", "qg4", "qg8", "ef")
+
+
+def words(packed: torch.Tensor) -> torch.Tensor:
+    """packed (uint8, contiguous, a whole number of 4-byte words: every packed row is, see quantize.py) as
+    int32 words, the form the packed rows travel in: the same bytes, in a dtype every collective carries."""
+    return packed.view(-1).view(torch.int32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,28 +188,39 @@ class QuantizedReduceScatter:
     group's collectives alike) and the rest on the split's background thread; it returns a future, whose
     result() waits, and an event set once the in-host step is over (its full-size input released)."""
 
-    def __init__(self, split: HostSplit, shard_numel: int, world: int, bits: int, block: int, error_feedback: bool):
+    def __init__(self, split: HostSplit, shard_numel: int, world: int, bits: int, block: int, error_feedback: bool,
+                 device: torch.device = torch.device("cpu")):
         self.split, self.c, self.world = split, shard_numel, world
-        self.bits, self.block = bits, block
-        self.residual = torch.zeros(split.num_hosts, shard_numel) if error_feedback else None
+        self.bits, self.block, self.device = bits, block, torch.device(device)
+        self.residual = torch.zeros(split.num_hosts, shard_numel, device=self.device) if error_feedback else None
 
     def start(self, grad_flat: torch.Tensor, out: torch.Tensor,
               arranged: bool = False) -> tuple[concurrent.futures.Future, threading.Event]:
         """arranged: grad_flat's rows of c are already in split.gather_rows' order (ShardedGroup writes its
-        gradients so); else they are in group-rank order, and a rearranged copy is reduced."""
+        gradients so); else they are in group-rank order, and a rearranged copy is reduced. CUDA tensors:
+        the background step runs on the caller's current stream, so that its kernels come after what the
+        caller queued before and what the caller queues after result() comes after them."""
         s, c, H = self.split, self.c, self.split.num_hosts
         if arranged or s.gathered_order is None:
             staged = grad_flat.view(-1)
         else:
-            staged = grad_flat.view(self.world, c).index_select(0, s.gather_rows).view(-1)
-        part = torch.empty(H * c, dtype=grad_flat.dtype)
+            rows = s.gather_rows.to(grad_flat.device)
+            staged = grad_flat.view(self.world, c).index_select(0, rows).view(-1)
+        part = torch.empty(H * c, dtype=grad_flat.dtype, device=grad_flat.device)
         work = comm.reduce_scatter_single(part, staged, op=ReduceOp.SUM, group=s.host_group, async_op=True)
         host_done = threading.Event()
-        return s.background().submit(self._cross, work, [staged], host_done, part, out), host_done
+        stream = torch.cuda.current_stream(grad_flat.device) if grad_flat.is_cuda else None
+        return s.background().submit(self._on_stream, stream, work, [staged], host_done, part, out), host_done
+
+    def _on_stream(self, stream, *args):
+        if stream is None:
+            return self._cross(*args)
+        with torch.cuda.device(stream.device), torch.cuda.stream(stream):
+            return self._cross(*args)
 
     def _cross(self, work, staged, host_done, part, out):
         try:
-            work.wait()
+            work.wait()  # CUDA: the current stream (the caller's) waits for the in-host step
         finally:
             staged.clear()  # the in-host step's input, the group's full size
             host_done.set()
@@ -210,7 +233,7 @@ class QuantizedReduceScatter:
         # The own row travels to this rank itself and is replaced by the exact one below, so it is sent
         # as zeros, not quantized; the other hosts' rows, before and after it, are.
         others = [(a, b) for a, b in ((0, own), (own + 1, H)) if b > a]
-        packed = torch.empty(H, qz.packed_bytes(c, self.bits, self.block), dtype=torch.uint8)
+        packed = torch.empty(H, qz.packed_bytes(c, self.bits, self.block), dtype=torch.uint8, device=part.device)
         packed[own].zero_()
         for a, b in others:
             qz.quantize(send[a:b], self.bits, self.block, out=packed[a:b])
@@ -219,8 +242,8 @@ class QuantizedReduceScatter:
                 self.residual[a:b].copy_(send[a:b] - qz.dequantize(packed[a:b], c, self.bits, self.block))
             self.residual[own].zero_()  # the own row is never quantized
         recv = torch.empty_like(packed)
-        dist.all_to_all_single(recv, packed, group=s.exchange_group)
-        partials = torch.empty(H, c)  # every host's partials of my block
+        dist.all_to_all_single(words(recv), words(packed), group=s.exchange_group)
+        partials = torch.empty(H, c, device=part.device)  # every host's partials of my block
         for a, b in others:
             qz.dequantize(recv[a:b], c, self.bits, self.block, out=partials[a:b])
         partials[own] = rows[own]  # this host's own, exact
