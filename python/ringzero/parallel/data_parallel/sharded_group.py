@@ -46,13 +46,18 @@ class GradReduction(enum.Enum):
 
 
 class _FutureWork:
-    """A concurrent.futures.Future with the wait() of a collective's work."""
+    """A concurrent.futures.Future with the wait() of a collective's work: the future's result is None, or
+    (CUDA) an event recorded after its kernels and its device, and the waiter's current stream waits on it
+    (the waiting thread may be on another stream than the starting one: autograd's device threads)."""
 
     def __init__(self, future, host_done=None):
         self.future, self.host_done = future, host_done
 
     def wait(self):
-        self.future.result()
+        done = self.future.result()
+        if done is not None:
+            event, device = done
+            torch.cuda.current_stream(device).wait_event(event)
 
 
 def _arranged_pieces(layout: FlatLayout, rows: list[int]) -> dict | None:

@@ -198,8 +198,9 @@ class QuantizedReduceScatter:
               arranged: bool = False) -> tuple[concurrent.futures.Future, threading.Event]:
         """arranged: grad_flat's rows of c are already in split.gather_rows' order (ShardedGroup writes its
         gradients so); else they are in group-rank order, and a rearranged copy is reduced. CUDA tensors:
-        the background step runs on the caller's current stream, so that its kernels come after what the
-        caller queued before and what the caller queues after result() comes after them."""
+        the background step runs on the caller's current stream, after what the caller queued before, and
+        the future's result is (an event recorded after it, its device): the waiter's stream must wait on it
+        (None on CPU; _FutureWork.wait does both)."""
         s, c, H = self.split, self.c, self.split.num_hosts
         if arranged or s.gathered_order is None:
             staged = grad_flat.view(-1)
@@ -214,9 +215,13 @@ class QuantizedReduceScatter:
 
     def _on_stream(self, stream, *args):
         if stream is None:
-            return self._cross(*args)
+            self._cross(*args)
+            return None
         with torch.cuda.device(stream.device), torch.cuda.stream(stream):
-            return self._cross(*args)
+            self._cross(*args)
+            done = torch.cuda.Event()
+            done.record(stream)
+        return done, stream.device
 
     def _cross(self, work, staged, host_done, part, out):
         try:
