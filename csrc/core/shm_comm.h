@@ -172,7 +172,8 @@ class ShmComm {
   WaitWord wait_word(int q, std::atomic<uint32_t>& word) const;
   void check_peer(int q, double t);  // a wait's periodic check when it waits on local rank q alone
   // Whether `peer` runs on another last-level cache than this rank: a few cache-line round trips on
-  // the probe lines, which both ranks must run at the same point. See [Note: where the host runs ...].
+  // the probe lines, which both ranks must run at the same point; the verdict moves only when two probes
+  // in a row agree. See [Note: where the host runs ...].
   bool peer_on_other_cache(int peer);
   void start_op(CollectiveKind kind, DType dtype, ReduceOp op, int root, uint64_t count);
   void finish_op(OpRecord::Status status = OpRecord::Ok);
@@ -242,6 +243,8 @@ class ShmComm {
   bool spin_ = true;          // waits spin before they sleep (see set_spin)
   uint64_t probes_ = 0;       // peer_on_other_cache calls so far (the same on every rank)
   double probe_ns_ = 0;       // and the fastest round trip of the last one
+  bool probe_split_ = false;      // the last probe's own reading: the peer on another last-level cache
+  bool placement_split_ = false;  // the verdict: changed only when two probes in a row agree on it
   uint64_t staged_calls_ = 0;        // since the last staging probe: calls that may stream (the same on
   uint64_t staged_bytes_ = 0;        // every rank) and their bytes; the first such call probes
   bool staged_probed_ = false;

@@ -67,12 +67,22 @@ void copy_streaming(void* dst, const void* src, size_t bytes) {
 void copy_cached(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
 
 // Ping-pong on the two ranks' probe lines: the lower rank writes, the higher answers, kProbeTrips
-// times; a round trip above kSplitCacheNs means the peer's cache is another one. Both ranks must call it
-// at the same point of the same collective (a decision made from the op's arguments alone); it waits
-// like any other wait.
+// times; a fastest round trip above kSplitCacheNs means the peer's cache is another one. Both ranks must
+// call it at the same point of the same collective (a decision made from the op's arguments alone); it
+// waits like any other wait.
+//
+// The fastest of many trips, because the placements differ in their floors: on the AMD EPYC VM the
+// fastest trip was 60-150 ns on one L3 and 300-500 on two; on the Intel Xeon VM (one L3, where streamed
+// staging is slower: a 1 MiB all-reduce 263-296 us always streamed against 165-195 never, 2026-12-02) the
+// fastest of 8 trips read 176-271 ns, so the first threshold, 220 ns, called one probe in five "two L3s"
+// and its calls streamed. More trips bring each placement's fastest trip nearer its floor, and the
+// threshold sits between the floors; on that VM the fastest of 16 still read over 280 ns in 3-4 probes of
+// 94, so the verdict (this rank's own) changes only when two probes in a row agree: a misread probe
+// changes nothing, and a real move of the vCPUs is followed one probe later (benchmarks/RESULTS.md,
+// issue 47, 2026-12-02).
 bool ShmComm::peer_on_other_cache(int peer) {
-  constexpr int kProbeTrips = 8;
-  constexpr double kSplitCacheNs = 220;    // fastest trip: 60-150 ns on one L3, 300-500 on two (2-core VM)
+  constexpr int kProbeTrips = 16;
+  constexpr double kSplitCacheNs = 280;    // fastest trip: see above
   constexpr double kSharedCoreNs = 5000;   // slower still: both ranks on one core (or preempted), no verdict
   const uint64_t base = probes_++ * kProbeTrips;
   Control* mine = control(rank_);
@@ -98,7 +108,10 @@ bool ShmComm::peer_on_other_cache(int peer) {
     last = t;
   }
   probe_ns_ = fastest * 1e9;
-  return probe_ns_ > kSplitCacheNs && probe_ns_ < kSharedCoreNs;
+  const bool split = probe_ns_ > kSplitCacheNs && probe_ns_ < kSharedCoreNs;
+  if (split == probe_split_) placement_split_ = split;
+  probe_split_ = split;
+  return placement_split_;
 }
 
 }  // namespace ringzero
