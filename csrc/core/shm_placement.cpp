@@ -15,8 +15,9 @@
 //   L3) is always written with streaming stores, which skip the read of each line a plain store makes;
 // - two ranks' staged all-reduces (one-shot and two-shot), reduce-scatters and all-gathers (below
 //   kSingleCopyEndBytes per rank) of kStageStreamMinBytes and more stage with streaming stores while the
-//   probe finds two L3s, probing again at the first slice of such a call once kStageReprobeCalls of them
-//   or kStageReprobeBytes have run since the last probe (the host moves the vCPUs within seconds). On two L3s a peer's
+//   probe's verdict is two L3s (it moves when two probes in a row agree), probing again at the first slice of such
+//   a call once kStageReprobeCalls of them or kStageReprobeBytes have run since the last probe (the host moves the
+//   vCPUs within seconds). On two L3s a peer's
 //   read of a line still dirty in the writer's cache crawled at ~2 GB/s: on the AMD EPYC VM this was
 //   the slow mode of whole runs, 1 MiB all-reduce ~700 us against ~120 on one L3; streamed, 170 us. On one
 //   L3 the streamed staging is slower (1 MiB 178 against 120 us), hence the probe. Streaming the
