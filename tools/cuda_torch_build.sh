@@ -8,9 +8,6 @@
 #   - a CUDA call without a GPU raises a clear Python error, not a crash (tests/helpers/run_cuda_install_check.py);
 #   - the CPU tests that touch the CUDA build's code paths pass, and the GPU tests skip, saying why.
 #   bash tools/cuda_torch_build.sh          # tools/test.sh runs it where nvcc is installed
-#   bash tools/cuda_torch_build.sh --env-only   # only the environment (tools/test.sh makes it in the
-#                                               # background while the C++ builds run: its downloads and
-#                                               # unpacking wait on the network and the disk, not the cores)
 # The environment is kept in RINGZERO_CUDA_ENV (default ~/.cache/ringzero/cuda-env-<torch version>) and
 # reused when its torch is the CUDA build asked for; RINGZERO_CUDA_TORCH_VERSION picks the torch release
 # (default 2.13.0, the README's). The build runs in a copy of the tracked files, so the checkout's own
@@ -41,7 +38,6 @@ if ! has_cuda_torch; then
     nvidia-nccl-cu13
 fi
 say "$("$ENV/bin/python" -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda)')"
-if [ "${1:-}" = --env-only ]; then exit 0; fi
 
 SRC=$(mktemp -d)
 trap 'rm -rf "$SRC"' EXIT

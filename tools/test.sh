@@ -9,16 +9,6 @@ cd "$(dirname "$0")/.."
 # Each phase's time, so that the whole run's (CI's limit 90 minutes, our target under 45) can be kept.
 PHASE_START=$SECONDS
 phase() { echo "[tools/test.sh] $1: $((SECONDS - PHASE_START)) s (total $((SECONDS / 60)) min $((SECONDS % 60)) s)"; PHASE_START=$SECONDS; }
-# The CUDA build's environment (below) is made in the background from the start: on a fresh machine its 3.5 GB
-# of wheels download and unpack while setup and the C++ builds use the cores (nothing to do where it is
-# already kept). Its output is printed when the CUDA build's phase begins.
-CUDA_ENV_JOB=
-mkdir -p build
-if command -v nvcc >/dev/null 2>&1 && [ "${RINGZERO_CUDA_TORCH_BUILD:-1}" != 0 ]; then
-  bash tools/cuda_torch_build.sh --env-only > build/cuda_env.log 2>&1 &
-  CUDA_ENV_JOB=$!
-  trap 'kill "$CUDA_ENV_JOB" 2>/dev/null || true' EXIT
-fi
 bash tools/setup.sh
 phase "setup and the editable build"
 PY=${PYTHON:-python3}
@@ -26,7 +16,8 @@ NCCL_ROOT=$("$PY" -c "import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])" 
 cmake -S . -B build/cpp -G Ninja -DCMAKE_BUILD_TYPE=Release ${NCCL_ROOT:+-DRINGZERO_NCCL_ROOT=$NCCL_ROOT}
 cmake --build build/cpp -j "${MAX_JOBS:-2}"
 phase "C++ core, its tests and the CPU grid built"
-# Two at a time: the CPU grid's longest test keeps about 1.5 cores busy (2:51 -> 2:25 on the Intel 2-core VM).
+# Two at a time: the CPU grid's longest test keeps about 1.5 cores busy (2:51 -> 2:25 on the Intel 2-core VM,
+# back to back; in CI runs the phase took 2:54 serial and 3:01 two at a time, hours apart).
 ctest --test-dir build/cpp -j 2 --output-on-failure
 phase "ctest"
 # The CPU grid under ThreadSanitizer (its own build, CPU-grid tests only): the races and memory orderings
@@ -55,11 +46,6 @@ if [ -n "$COMPAT_TORCH" ]; then bash tools/torch_compat.sh $COMPAT_TORCH; phase 
 # wheels, about 3.5 GB, once per machine: kept in ~/.cache/ringzero), imported, and its no-GPU errors and
 # CPU tests run there; about 5 minutes on 2 cores. RINGZERO_CUDA_TORCH_BUILD=0 skips it.
 if command -v nvcc >/dev/null 2>&1 && [ "${RINGZERO_CUDA_TORCH_BUILD:-1}" != 0 ]; then
-  env_ok=0
-  wait "$CUDA_ENV_JOB" || env_ok=$?
-  trap - EXIT
-  cat build/cuda_env.log
-  if [ "$env_ok" != 0 ]; then echo "tools/test.sh: making the CUDA build's environment failed (exit $env_ok)" >&2; exit 1; fi
   bash tools/cuda_torch_build.sh
   phase "the CUDA build against a CUDA torch"
 fi
