@@ -13,6 +13,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from .comm.affinity import bind_process, core_share
+from .heap import keep_freed_memory
 
 
 def under_torchrun() -> bool:
@@ -122,6 +123,7 @@ def _bind(local_world: int) -> int:
 
 
 def _run(fn, args, local_world: int, device: str = "cpu"):
+    keep_freed_memory()  # [Note: a rank keeps its heap] in heap.py
     # Each rank gets its share of the cores for its own compute (torch intra-op threads).
     torch.set_num_threads(_bind(local_world))
     backend = "gloo"
