@@ -159,7 +159,6 @@ def _train(args, run: str, env: RankEnv, stop_meter=lambda: None):
         "initial_val_loss": initial_val,
         "step_ms": step_s * 1e3, "tokens_per_s": args.batch * args.seq / step_s,
         "step_ms_each": [round(t * 1e3, 3) for t in step_times],  # every step, the first included
-        "step_ms_each": [round(t * 1e3, 3) for t in step_times],  # every step, the first included
         # ringzero's collectives only: a torch row's own communication is not counted, so it shows none.
         "comm_s": None if run in BASELINES else float(comm_s),
     }, strategy_run
