@@ -269,8 +269,9 @@ def test_qw_fused_host_step_is_the_unfused_one_bit_for_bit():
 
 def test_arranged_pieces_put_every_gradient_where_the_rearranged_copy_had_it():
     """qg's gradient buffer is written in its in-host step's row order (sharded_group._arranged_pieces): for
-    parameters that straddle rows, fill whole rows, sit in the padding's row, or are empty, the pieces give
-    exactly the natural flat buffer with its rows taken in that order (what start() copied before)."""
+    parameters that straddle rows, fill whole rows, sit in the padding's row, or are empty, the pieces and the
+    padding's pieces give exactly the natural flat buffer with its rows taken in that order (what start() copied
+    before), each element written (the buffer starts as NaN)."""
     from ringzero.parallel.data_parallel.flat import FlatLayout
     from ringzero.parallel.data_parallel.sharded_group import _arranged_pieces
     seed = 4647
@@ -283,10 +284,12 @@ def test_arranged_pieces_put_every_gradient_where_the_rearranged_copy_had_it():
         for rows in (list(torch.randperm(world, generator=g)), list(range(world))[::-1]):
             rows = [int(r) for r in rows]
             pieces = _arranged_pieces(layout, rows)
-            got = torch.zeros(layout.padded_numel)  # as the buffer starts; no parameter value is 0
+            got = torch.full((layout.padded_numel,), float("nan"))  # the buffer starts unwritten
             for p in params:
                 for src, dst, n in pieces[id(p)]:
                     got[dst:dst + n] = p.detach().reshape(-1)[src:src + n]
+            for dst, n in pieces["padding"]:  # what copy_grad_in zeroes at allocation
+                got[dst:dst + n] = 0
             want = flat.view(world, -1).index_select(0, torch.tensor(rows)).view(-1)
             assert torch.equal(got, want), (world, sizes, rows)
         assert _arranged_pieces(layout, list(range(world))) is None

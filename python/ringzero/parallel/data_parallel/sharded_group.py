@@ -60,24 +60,36 @@ class _FutureWork:
             torch.cuda.current_stream(device).wait_event(event)
 
 
+def _row_pieces(start: int, end: int, c: int, where: dict) -> list[tuple[int, int]]:
+    """The layout's elements [start, end) in a buffer whose rows of c lie in another order (layout row r at
+    physical row where[r]): (offset in the buffer, elements) for each row the range touches."""
+    out = []
+    while start < end:
+        r = start // c
+        stop = min(end, (r + 1) * c)
+        out.append((where[r] * c + start - r * c, stop - start))
+        start = stop
+    return out
+
+
 def _arranged_pieces(layout: FlatLayout, rows: list[int]) -> dict | None:
     """qg's gradient buffer holds the shard-sized rows of the flat layout in the order its in-host
     reduce-scatter takes them (HostSplit.gather_rows: physical row i is the layout's row rows[i]), so that
     copy_grad_in writes each gradient where that step reads it, with no rearranged copy of the buffer.
     Per parameter (by id): (offset in the parameter, offset in the buffer, elements) for each row it
-    touches. None where the order is the layout's own (plain views then)."""
+    touches, and under the key "padding" the padding's (offset in the buffer, elements). None where the
+    order is the layout's own (plain views then)."""
     if rows == list(range(len(rows))):
         return None
     c, where = layout.shard_numel, {r: i for i, r in enumerate(rows)}
     pieces = {}
     for slot in layout.slots:
-        start, end, out = slot.offset, slot.offset + slot.numel, []
-        while start < end:
-            r = start // c
-            stop = min(end, (r + 1) * c)
-            out.append((start - slot.offset, where[r] * c + start - r * c, stop - start))
-            start = stop
+        out, src = [], 0
+        for dst, n in _row_pieces(slot.offset, slot.offset + slot.numel, c, where):
+            out.append((src, dst, n))
+            src += n
         pieces[id(slot.param)] = out
+    pieces["padding"] = _row_pieces(layout.numel, layout.padded_numel, c, where)
     return pieces
 
 
@@ -107,6 +119,7 @@ class ShardedGroup:
         self.state = ParamState.SHARDED
         self._gather_work = self._gather_input = None
         self.grad_flat = None
+        self._unfilled = set()  # REDUCE_SCATTER: ids of the parameters whose slots in grad_flat hold no value yet
         self._grad_view = None  # ALL_REDUCE: the view of grad_flat handed to master.grad, if any
         self._reduce_work = self._reduce_out = None
         # The module parameters are bound once, as views of `full`. Stage 3 frees `full` by resizing its
@@ -276,11 +289,27 @@ class ShardedGroup:
         self.state = ParamState.SHARDED
 
     # ---- gradients -----------------------------------------------------------------------------
+    # [Note: the gradient buffer's zeros]
+    # Under REDUCE_SCATTER (stages 2 and 3) grad_flat is allocated afresh for every backward of its group,
+    # and the backward then writes every parameter's slot (a parameter without a gradient as zeros). Zeroing
+    # the whole buffer first, as torch.zeros does, wrote every byte twice: a memset of the group's size per
+    # unit and step (torch's fill kernel fell from 1.2% to 0.7% of a one-host ZeRO-3 run's cpu samples
+    # without it; benchmarks/RESULTS.md, "The gradient buffer's zeros"). Only the padding, which no
+    # slot covers, is zeroed at allocation; the set _unfilled tracks the slots not yet written, and
+    # reduce_async() zeroes whatever is left in it, so a caller that skips a parameter still reduces zeros for
+    # it, never stale memory. ALL_REDUCE (stage 1) keeps its buffer across steps and zeroes it once.
     def copy_grad_in(self, p: nn.Parameter, grad: torch.Tensor | None):
         """Puts one parameter's gradient (None: zeros) in grad_flat and drops param.grad."""
-        if self.grad_flat is None:
+        if self.grad_flat is None and self.reduction is GradReduction.ALL_REDUCE:
             # ALL_REDUCE keeps the buffer (replicated gradients); padding stays zero because no slot covers it.
             self.grad_flat = torch.zeros(self.layout.padded_numel, dtype=self.reduce_dtype, device=self.compute_device)
+        elif self.grad_flat is None:
+            # REDUCE_SCATTER: a fresh buffer every backward, which the slots fill: only the padding is zeroed
+            # here, and reduce_async() zeroes any slot that no call filled ([Note: the gradient buffer's zeros]).
+            self.grad_flat = torch.empty(self.layout.padded_numel, dtype=self.reduce_dtype, device=self.compute_device)
+            for dst, n in self._padding_pieces():
+                self.grad_flat[dst:dst + n].zero_()
+            self._unfilled = set(self._slots)
         elif self._grad_view is not None:
             # ALL_REDUCE, a backward after the reduction: if master.grad is still this rank's part of the
             # buffer about to be overwritten (no zero_grad since), keep its value apart (finish_reduce
@@ -296,14 +325,29 @@ class ShardedGroup:
             for src, dst, n in self._qg_pieces[id(p)]:
                 piece = self.grad_flat[dst:dst + n]
                 piece.copy_(flat[src:src + n]) if flat is not None else piece.zero_()
+        self._unfilled.discard(id(p))
         p.grad = None
+
+    def _padding_pieces(self) -> list[tuple[int, int]]:
+        """(offset, elements) of grad_flat's padding: the layout's tail, or where qg's row order puts it."""
+        if self._qg_pieces is not None:
+            return self._qg_pieces["padding"]
+        return [(self.layout.numel, self.layout.padded_numel - self.layout.numel)]
+
+    def _zero_unfilled(self):
+        """REDUCE_SCATTER: zeroes the slots of grad_flat that no copy_grad_in filled since it was allocated."""
+        for key in list(self._unfilled):
+            self.copy_grad_in(self._slots[key].param, None)
 
     def reduce_async(self):
         """Starts the reduction of grad_flat (average): ALL_REDUCE in place, REDUCE_SCATTER into a
         fresh shard. Every rank of the group must call it, in the same order as its other collectives."""
         if self.reduction is GradReduction.ALL_REDUCE:
             self._reduce_work = comm.all_reduce(self.grad_flat, op=ReduceOp.AVG, group=self.group, async_op=True)
-        elif self._qg is not None:  # qg: in the host in full precision, across hosts quantized (zeropp.py)
+            return
+        if self._unfilled:
+            self._zero_unfilled()
+        if self._qg is not None:  # qg: in the host in full precision, across hosts quantized (zeropp.py)
             self._reduce_out = torch.empty(self.layout.shard_numel, dtype=torch.float32, device=self.compute_device)
             self._reduce_work = _FutureWork(*self._qg.start(self.grad_flat, self._reduce_out,
                                                             arranged=self._qg_pieces is not None))
