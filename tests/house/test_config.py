@@ -23,6 +23,7 @@ ENVIRONMENT_DOC = ROOT / "docs" / "environment.md"
 NOT_FROM_ENV = {
     "RINGZERO_CPU_ISA": "read by csrc/core/reduce.cpp when the kernels load (the C++ tests use it without Python)",
     "RINGZERO_FAULT": "test-time fault injection, read by trainer/faults.py at a training step",
+    "RINGZERO_STEP_GATE": "test time: stops `ringzero train`'s ranks at given steps, read by trainer/faults.py",
     "RINGZERO_CUDA": "build time (setup.py)",
     "RINGZERO_FUZZ_SEED": "test time: the seed of the CUDA fuzz tests (C++ and Python)",
     "RINGZERO_FUZZ_CASES": "test time: how many cases the CUDA fuzz tests run",
@@ -78,7 +79,7 @@ def test_every_field_is_documented_and_read():
 
 def test_no_other_python_file_reads_a_ringzero_variable():
     """config.py reads through VARIABLES; a literal RINGZERO_ name in an environment read elsewhere is
-    a second reader (trainer/faults.py's RINGZERO_FAULT is the listed exception)."""
+    a second reader (trainer/faults.py's RINGZERO_FAULT and RINGZERO_STEP_GATE are the listed exceptions)."""
     pattern = re.compile(r"""(environ(\.get)?[\[(]|getenv\()\s*f?["']RINGZERO_""")
     readers = {str(p.relative_to(ROOT)) for p in (ROOT / "python").rglob("*.py") if pattern.search(p.read_text())}
     assert readers == {"python/ringzero/trainer/faults.py"}, readers

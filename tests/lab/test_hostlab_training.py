@@ -19,6 +19,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -96,22 +97,48 @@ ZEROPP_MODEL = ["--seq", "32", "--layers", "2", "--d-model", "256", "--heads", "
 SMALL_MODEL = ["--seq", "32", "--layers", "3", "--d-model", "128", "--heads", "4"]  # blocks 0.8 MiB, root 0.3 MiB
 
 
-def zeropp_bytes(lab, zeropp, steps, model=ZEROPP_MODEL):
+def zeropp_bytes(lab, zeropp, steps, model, gate_dir):
     """Bytes each host sent per step of `ringzero train --strategy zero3 [--zeropp]` on 2 x 2 lab hosts, counted
-    on the lab's links: the difference between a run of `steps` steps and one of 2 (setup cancels out)."""
+    on the lab's links over steps 2 to `steps` - 1 of one run: every rank stops at the start of step 2 and of
+    step `steps` (RINGZERO_STEP_GATE, trainer/faults.py), and the counters are read while all of them wait, once
+    they have stopped moving (setup, the first steps' one-time costs and the final validation fall outside)."""
     how = ["--strategy", "zero3"] + (["--zeropp", zeropp] if zeropp else [])
+    gates = (2, steps)
+    os.makedirs(gate_dir, exist_ok=True)
+    env = {"RINGZERO_TIMEOUT_S": "60", "RINGZERO_STEP_GATE": f"steps={gates[0]},{gates[1]}:dir={gate_dir}"}
+    procs = lab.start([2, 2], ["-m", "ringzero.train", *how, "--batch", "4", *model, "--val-every", "0",
+                               "--no-progress", "--steps", str(steps + 1)], env)
     sent = []
-    for n in (2, steps):
-        before = lab.sent_bytes()
-        runs = lab.run([2, 2], ["-m", "ringzero.train", *how, "--batch", "4", *model, "--val-every", "0",
-                                "--no-progress", "--steps", str(n)], {"RINGZERO_TIMEOUT_S": "60"}, TIMEOUT_S)
-        for r in runs:
-            assert r.returncode == 0, f"host {r.host}: torchrun exited {r.returncode}\n{r.output[-6000:]}"
-        sent.append(sum(a - b for a, b in zip(lab.sent_bytes(), before)) / lab.hosts)
-    return (sent[1] - sent[0]) / (steps - 2)
+    try:
+        for step in gates:
+            deadline = time.monotonic() + TIMEOUT_S
+            while sum(name.startswith(f"at-{step}-") for name in os.listdir(gate_dir)) < 4:
+                assert all(p.poll() is None for p in procs), f"a host's torchrun exited before step {step}'s gate"
+                assert time.monotonic() < deadline, f"the ranks did not all reach step {step} in {TIMEOUT_S} s"
+                time.sleep(0.05)
+            sent.append(settled_bytes(lab))
+            open(os.path.join(gate_dir, f"go-{step}"), "w").close()
+    finally:
+        runs = lab.wait(procs, TIMEOUT_S)
+    for r in runs:
+        assert r.returncode == 0, f"host {r.host}: torchrun exited {r.returncode}\n{r.output[-6000:]}"
+    return (sent[1] - sent[0]) / (gates[1] - gates[0])
 
 
-def test_zeropp_sends_what_the_estimate_counts():
+def settled_bytes(lab, quiet_s=0.3, limit_s=10.0):
+    """The bytes all hosts sent so far, on average per host, once the counters stayed the same for quiet_s
+    (a send still in flight when the ranks stopped lands first)."""
+    deadline = time.monotonic() + limit_s
+    last = sum(lab.sent_bytes())
+    while True:
+        time.sleep(quiet_s)
+        now = sum(lab.sent_bytes())
+        if now == last or time.monotonic() > deadline:
+            return now / lab.hosts
+        last = now
+
+
+def test_zeropp_sends_what_the_estimate_counts(tmp_path):
     """ZeRO-3 plain, with hpz alone and with hpz,qw,qg across 2 lab hosts x 2 ranks, and plain on a model whose
     blocks are under 2 MiB: the bytes each host's link carried per step are `ringzero estimate`'s count within 2%
     (frame headers, the loss's all-reduce and the clip's; measured 1.003, 1.004, 1.008 and 1.004 on 2026-12-02),
@@ -138,7 +165,7 @@ def test_zeropp_sends_what_the_estimate_counts():
     got = {}
     with hostlab.HostLab(2) as lab:
         for zeropp, model in cases:
-            got[zeropp, model is SMALL_MODEL] = zeropp_bytes(lab, zeropp, 6, model)
+            got[zeropp, model is SMALL_MODEL] = zeropp_bytes(lab, zeropp, 6, model, tmp_path / f"gates{len(got)}")
     for (zeropp, small), sent in got.items():
         plan = Plan("zero3", world=4, zeropp=zeropp, ranks_per_host=2)
         want = cross_host_bytes(estimate(config(SMALL_MODEL if small else ZEROPP_MODEL), batch=4, plan=plan))

@@ -14,7 +14,7 @@ from ..parallel.layout import Layout
 from ..parallel.pipeline.transport import choose_transport
 from . import device as devices
 from .estimate_check import estimate_for_run
-from .faults import maybe_fault
+from .faults import maybe_fault, step_gate
 from .layout import BASELINES, layout_of
 from .metering import METERED_STEPS, PeakMemory
 from .models import model_family
@@ -123,6 +123,7 @@ def _train(args, run: str, env: RankEnv, stop_meter=lambda: None):
         if step == start + METERED_STEPS:
             stop_meter()
         maybe_fault(step)
+        step_gate(step)
         x, y = (t.to(env.device) for t in make_batch(train_data, args.batch, args.seq, args.seed, step))
         t0 = time.perf_counter()
         loss = strategy_run.train_step(x, y, step)  # returns a host float: the step's GPU work is done
