@@ -7,13 +7,18 @@ buffers of each size (the whole buffer: all-reduce's tensor, reduce-scatter's in
 on the default group (ringzero) and on dist.new_group(backend="gloo"), the two taking turns in every
 repeat; the slowest rank's median (benchmarks/hostlab_bench.py's timing). "of bound" is the link bound
 (the bytes each host's link must carry each way for ringzero's algorithm, over the rate) over the time;
-results are checked equal to gloo's on integers.
+results are checked equal to gloo's on integers. "all_reduce x4" is four asynchronous dist.all_reduce calls of
+a quarter of the size each, issued together and then waited for (DDP's buckets when the link is the
+bottleneck): its link bound is the whole size's.
 
 Training: stock DistributedDataParallel and stock FSDP2 (fully_shard per layer and at the root) of an MLP
 with 4.2M float32 parameters (16.8 MB of gradients), AdamW, the same seed and data on both groups: the
 median step time over the steps after the first two, and the largest parameter difference after them;
-and DDP's steps under no_sync() (no gradient all-reduce: the step's time outside the collectives).
-backend_stats shows which ops ran on ringzero's collectives.
+DDP again with 4 MiB buckets (bucket_cap_mb=4: one bucket per layer, so that buckets queue behind each other
+on the link); and DDP's steps under no_sync() (no gradient all-reduce: the step's time outside the
+collectives). backend_stats shows which ops ran on ringzero's collectives; "tails deferred" counts the
+all-reduces whose last segment the next call finished ([Note: the engine's deferred tail],
+csrc/torch/backend_hosts.h).
 
 Run as root: nice -n 19 python benchmarks/hostlab_backend.py [--rates-gbit 1] [--sizes-mib 16 64]
 [--hosts 2] [--ranks-per-host 2] [--repeats 5] [--steps 20].
@@ -56,7 +61,7 @@ def train(kind: str, group, steps: int):
     if kind.startswith("ddp"):
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        wrapped = DDP(model, process_group=group)
+        wrapped = DDP(model, process_group=group, **({"bucket_cap_mb": 4} if kind == "ddp 4 MiB buckets" else {}))
     else:
         from torch.distributed.device_mesh import DeviceMesh
         from torch.distributed.fsdp import fully_shard
@@ -119,14 +124,35 @@ def rank_main(out: str, sizes_mib: list[float], repeats: int, steps: int):
                 dist.all_gather_into_tensor(want, v, group=gloo)
             row["equal"] = bool(torch.equal(got, want))
             rows.append(row)
+        # Four calls in a row (DDP's buckets queued behind each other), checked against gloo's likewise.
+        quarters = [torch.ones(n // 4) for _ in range(4)]
+
+        def back_to_back(group=None, ts=quarters):
+            for w in [dist.all_reduce(t, group=group, async_op=True) for t in ts]:
+                w.wait()
+
+        row = {"op": "all_reduce x4", "bytes": n * 4, **slowest_medians_ms(
+            {"ringzero": back_to_back, "gloo": lambda: back_to_back(gloo)}, repeats)}
+        got = [(torch.arange(n // 4) % 7 + rank + i).float() for i in range(4)]
+        want = [t.clone() for t in got]
+        back_to_back(None, got)
+        back_to_back(gloo, want)
+        row["equal"] = all(torch.equal(a, b) for a, b in zip(got, want))
+        rows.append(row)
     trained = {}
-    for kind in ("ddp", "ddp no_sync", "fsdp2"):
+    from ringzero.comm.backend import hosts_engines
+
+    transport = hosts_engines()[0].transport
+    for kind in ("ddp", "ddp 4 MiB buckets", "ddp no_sync", "fsdp2") if steps else ():
+        deferred = getattr(transport, "deferred_calls", 0)
         t_rz, p_rz = train(kind, dist.group.WORLD, steps)
+        deferred = getattr(transport, "deferred_calls", 0) - deferred
         t_gloo, p_gloo = train(kind, gloo, steps)
         worst = torch.tensor([statistics.median(t_rz[2:]), statistics.median(t_gloo[2:])], dtype=torch.float64)
         dist.all_reduce(worst, op=dist.ReduceOp.MAX)
         trained[kind] = {"ringzero_ms": worst[0].item() * 1e3, "gloo_ms": worst[1].item() * 1e3,
-                         "max_diff": (p_rz - p_gloo).abs().max().item(), "params": p_rz.numel()}
+                         "max_diff": (p_rz - p_gloo).abs().max().item(), "params": p_rz.numel(),
+                         "deferred": deferred}
     stats = ringzero.backend_stats()
     if rank == 0:
         with open(os.path.join(out, "bench.json"), "w") as f:
@@ -141,7 +167,7 @@ def main():
     p.add_argument("--hosts", type=int, default=2)
     p.add_argument("--ranks-per-host", type=int, default=2)
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--steps", type=int, default=20, help="training steps per run (0: no training rows)")
     p.add_argument("--burst-bytes", type=int, default=None, help="tbf bucket (default: hostlab's)")
     p.add_argument("--rank", metavar="OUT", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -163,15 +189,15 @@ def main():
         print(f"{'dist.' + 'op':<16} | {'MiB':>4} | {'ringzero ms':>11} | {'gloo ms':>8} | {'gloo/rz':>7} | "
               f"{'bound ms':>8} | {'of bound':>8} | equal")
         for row in result["rows"]:
-            bound = link_bound_ms(row["op"], row["bytes"], H, rate)
+            bound = link_bound_ms(row["op"].split()[0], row["bytes"], H, rate)
             print(f"{row['op']:<16} | {row['bytes'] / (1 << 20):>4g} | {row['ringzero']:>11.1f} | {row['gloo']:>8.1f} | "
                   f"{row['gloo'] / row['ringzero']:>6.2f}x | {bound:>8.1f} | {bound / row['ringzero']:>8.0%} | "
                   f"{row['equal']}")
-        print(f"\n{'stock model':<16} | {'params':>7} | {'ringzero ms':>11} | {'gloo ms':>8} | {'gloo/rz':>7} | "
-              f"max |param diff| after {args.steps} steps")
+        print(f"\n{'stock model':<17} | {'params':>7} | {'ringzero ms':>11} | {'gloo ms':>8} | {'gloo/rz':>7} | "
+              f"max |param diff| after {args.steps} steps | tails deferred (rank 0)")
         for kind, t in result["training"].items():
-            print(f"{kind:<16} | {t['params'] / 1e6:>6.1f}M | {t['ringzero_ms']:>11.1f} | {t['gloo_ms']:>8.1f} | "
-                  f"{t['gloo_ms'] / t['ringzero_ms']:>6.2f}x | {t['max_diff']:.2e}")
+            print(f"{kind:<17} | {t['params'] / 1e6:>6.1f}M | {t['ringzero_ms']:>11.1f} | {t['gloo_ms']:>8.1f} | "
+                  f"{t['gloo_ms'] / t['ringzero_ms']:>6.2f}x | {t['max_diff']:.2e} | {t['deferred']}")
         print(f"\nbackend_stats of rank 0: native {result['stats']['native']}, fallback {result['stats']['fallback']}")
 
 

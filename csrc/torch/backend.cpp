@@ -42,12 +42,12 @@ size_t RingzeroBackend::p2p_slot_bytes() const { return std::min(config_.slot_by
 RingzeroBackend::RingzeroBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                  BackendConfig config, c10::intrusive_ptr<c10d::Backend> cpu_fallback,
                                  c10::intrusive_ptr<c10d::Backend> cuda_fallback, CudaSetup cuda_setup,
-                                 HostsEngine hosts_engine)
+                                 HostsEngineCall hosts_engine)
     : c10d::Backend(rank, size),
       config_(std::move(config)),
       cpu_fallback_(std::move(cpu_fallback)),
       cuda_fallback_(std::move(cuda_fallback)),
-      hosts_(config_.spans_hosts ? std::move(hosts_engine) : HostsEngine{}, rank, size),
+      hosts_(config_.spans_hosts ? std::move(hosts_engine) : HostsEngineCall{}, rank, size),
       cuda_setup_(std::move(cuda_setup)) {
   TORCH_CHECK_VALUE(cpu_fallback_, "ringzero backend needs an inner CPU backend (gloo) for the ops it hands on");
   TORCH_CHECK_VALUE(config_.timeout_s > 0, "timeout must be positive, got ", config_.timeout_s, " s");
@@ -264,7 +264,7 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::enqueue_on(SerialExecutor& execu
     } catch (...) {
       error = std::current_exception();
     }
-    work->complete(error);
+    if (!work->handed_off()) work->complete(error);  // else a later task completes it ([Note: the engine's deferred tail])
   };
   // Only the collectives' executor runs ops on their callers' threads: a send run by its waiter would be
   // fine too, but nothing measured asks for it ([Note: the caller runs its own collective], backend_work.h).

@@ -66,7 +66,7 @@ class RingzeroBackend : public c10d::Backend {
   // it those go to `cpu_fallback`.
   RingzeroBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, BackendConfig config,
                   c10::intrusive_ptr<c10d::Backend> cpu_fallback, c10::intrusive_ptr<c10d::Backend> cuda_fallback,
-                  CudaSetup cuda_setup = {}, HostsEngine hosts_engine = {});
+                  CudaSetup cuda_setup = {}, HostsEngineCall hosts_engine = {});
   ~RingzeroBackend() override;
 
   const std::string getBackendName() const override { return "ringzero"; }

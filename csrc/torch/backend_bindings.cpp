@@ -76,25 +76,51 @@ ringzero::CudaSetup cuda_setup_of(py::object fn) {
 // ringzero.CollectiveMismatch), its message kept, so that Work.wait() says what the engine said. Dropped
 // with the GIL held, and leaked if Python is already finalising.
 namespace ringzero {
+namespace {
+// What the engine raised (the name of its Python exception class and its message) as the core's error.
+std::exception_ptr engine_error(const std::string& op, const std::string& kind, const std::string& message) {
+  if (kind == "CommTimeout") return std::make_exception_ptr(ringzero::CommTimeoutError(message));
+  if (kind == "CollectiveMismatch") return std::make_exception_ptr(ringzero::CollectiveMismatchError(message));
+  return std::make_exception_ptr(ringzero::CommError("ringzero " + op + " across hosts failed: " + kind + ": " + message));
+}
+
+// Calls the engine with the GIL taken; rethrows what it raised as engine_error.
+void call_engine(const py::object& engine, const std::string& op, const std::vector<at::Tensor>& tensors,
+                 const std::vector<int64_t>& args, const std::shared_ptr<DeferredCall>* deferred) {
+  std::string kind, message;
+  {
+    py::gil_scoped_acquire gil;
+    try {
+      if (deferred && *deferred) {
+        engine(op, tensors, args, *deferred);
+      } else {
+        engine(op, tensors, args);
+      }
+      return;
+    } catch (py::error_already_set& e) {
+      kind = py::str(e.type().attr("__name__")).cast<std::string>();
+      message = py::str(e.value()).cast<std::string>();
+    }
+  }
+  std::rethrow_exception(engine_error(op, kind, message));
+}
+}  // namespace
+
 HostsEngine hosts_engine_of(py::object engine) {
   if (engine.is_none()) return {};
   std::shared_ptr<py::object> held = held_with_gil(std::move(engine));
   return [held](const std::string& op, const std::vector<at::Tensor>& tensors, const std::vector<int64_t>& args) {
-    std::string kind, message;
-    {
-      py::gil_scoped_acquire gil;
-      try {
-        (*held)(op, tensors, args);
-        return;
-      } catch (py::error_already_set& e) {
-        kind = py::str(e.type().attr("__name__")).cast<std::string>();
-        message = py::str(e.value()).cast<std::string>();
-      }
-    }
-    if (kind == "CommTimeout") throw ringzero::CommTimeoutError(message);
-    if (kind == "CollectiveMismatch") throw ringzero::CollectiveMismatchError(message);
-    throw ringzero::CommError("ringzero " + op + " across hosts failed: " + kind + ": " + message);
+    call_engine(*held, op, tensors, args, nullptr);
   };
+}
+
+// The CPU engine (HostsEngine in comm/backend.py): an all-reduce that may defer its tail gets its
+// DeferredCall as a fourth argument ([Note: the engine's deferred tail], backend_hosts.h).
+HostsEngineCall hosts_engine_call_of(py::object engine) {
+  if (engine.is_none()) return {};
+  std::shared_ptr<py::object> held = held_with_gil(std::move(engine));
+  return [held](const std::string& op, const std::vector<at::Tensor>& tensors, const std::vector<int64_t>& args,
+                const std::shared_ptr<DeferredCall>& deferred) { call_engine(*held, op, tensors, args, &deferred); };
 }
 }  // namespace ringzero
 
@@ -122,6 +148,22 @@ void bind_backend(py::module_& m) {
       .def_readonly("host_cpus", &ringzero::BackendConfig::host_cpus)
       .def_property_readonly("all_reduce_algo",
                              [](const ringzero::BackendConfig& c) { return static_cast<int>(c.all_reduce_algo); });
+  py::class_<ringzero::DeferredCall, std::shared_ptr<ringzero::DeferredCall>>(
+      m, "DeferredCall", "An all-reduce of the c10d backend's engine across hosts that may return before its last "
+      "segment has run ([Note: the engine's deferred tail], csrc/torch/backend_hosts.h)")
+      .def("next_queued", [](ringzero::DeferredCall& c) { return c.next_queued(); },
+           "True when another op of the group is queued behind this one on the backend's worker")
+      .def("defer", [](ringzero::DeferredCall& c) { c.deferred = true; },
+           "The engine returns with the tail still to run: the Work completes at complete(), not at the return")
+      .def("complete", [](ringzero::DeferredCall& c, const std::string& kind, const std::string& message) {
+             TORCH_CHECK(c.deferred && !c.completed, "ringzero: DeferredCall.complete() on a call that was not "
+                         "deferred or was completed already");
+             c.completed = true;
+             std::exception_ptr error = kind.empty() ? nullptr : ringzero::engine_error("all_reduce", kind, message);
+             py::gil_scoped_release nogil;  // its future's callbacks (DDP's hooks) may take the GIL themselves
+             c.complete(error);
+           }, py::arg("kind") = "", py::arg("message") = "",
+           "Completes the deferred call's Work; kind: the name of the exception its tail raised ('' if none)");
   py::class_<RingzeroBackend, c10d::Backend, NoGilPtr<RingzeroBackend>>(m, "RingzeroBackend",
                                                                          "ringzero's c10d backend (see backend.h)")
       .def(py::init([](c10d::Store* store, int rank, int size, const ringzero::BackendConfig& config,
@@ -131,7 +173,7 @@ void bind_backend(py::module_& m) {
              TORCH_CHECK_VALUE(hosts_engine.is_none() || config.spans_hosts, "hosts_engine is for a group that spans "
                                "hosts; pass config.spans_hosts=True with it, or no engine");
              ringzero::CudaSetup setup = cuda_setup_of(std::move(cuda_setup));
-             ringzero::HostsEngine engine = ringzero::hosts_engine_of(std::move(hosts_engine));
+             ringzero::HostsEngineCall engine = ringzero::hosts_engine_call_of(std::move(hosts_engine));
              py::gil_scoped_release nogil;  // the rendezvous waits for every rank
              return NoGilPtr<RingzeroBackend>(c10::make_intrusive<RingzeroBackend>(
                  share(store), rank, size, config, share(cpu_fallback), share(cuda_fallback), std::move(setup),

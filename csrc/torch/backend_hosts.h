@@ -7,7 +7,9 @@
 #pragma once
 #include <ATen/ATen.h>
 
+#include <exception>
 #include <functional>
+#include <memory>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -18,35 +20,93 @@
 namespace ringzero {
 
 // engine(op, tensors, args): see HostsEngine's docstring for what each op takes. Raises (as a C++
-// exception: CommTimeoutError, CollectiveMismatchError or CommError) what the engine raised.
+// exception: CommTimeoutError, CollectiveMismatchError or CommError) what the engine raised. The CUDA
+// lane's engine across hosts has this form (backend_cuda.cpp).
 using HostsEngine = std::function<void(const std::string& op, const std::vector<at::Tensor>& tensors,
                                        const std::vector<int64_t>& args)>;
 
+// [Note: the engine's deferred tail]
+// Stock DDP hands its buckets over one all-reduce at a time, and across hosts each pipelined all-reduce
+// ends with its last segment's all-gather inside the host, after that segment came off the link; the next
+// call's first reduce-scatter inside the host comes only after it, so the link idles between the calls
+// (3-6 ms per bucket boundary in the lab, benchmarks/RESULTS.md). When another op is already queued
+// behind a pipelined all-reduce on every local rank, the engine returns with that last segment still
+// to finish (its "tail"), and the next op runs it: a pipelined all-reduce after its own first segment
+// is on the link, any other op before it starts. The call's Work completes when the tail has run
+// (DeferredCall::complete), never earlier. Whether to defer is voted inside the host (the engine's
+// in-host steps must run in one order on every local rank; comm/transports.py Hierarchical), and the
+// vote counts only where another op is queued, so the tail never waits for an op that may not come.
+struct DeferredCall {
+  std::function<bool()> next_queued;                  // another op is queued behind this one
+  std::function<void(std::exception_ptr)> complete;  // completes the op's Work (once)
+  bool deferred = false;  // set by the engine, on the thread running the call, as the last thing it does
+  bool completed = false;
+};
+
+// The CPU engine's form: as HostsEngine, with the DeferredCall of an all-reduce that may defer its tail
+// (null for every other call, and for an all-reduce whose result the backend still copies out).
+using HostsEngineCall = std::function<void(const std::string& op, const std::vector<at::Tensor>& tensors,
+                                           const std::vector<int64_t>& args, const std::shared_ptr<DeferredCall>& call)>;
+
+// What the backend hands HostsComm for the task it runs (arm()): whether another op is queued behind it,
+// how its Work completes, and how to tell the task's wrapper that the Work completes later.
+struct HostsTask {
+  std::function<bool()> next_queued;
+  std::function<void(std::exception_ptr)> complete;
+  std::function<void()> hand_off;
+};
+
 class HostsComm {
  public:
-  HostsComm(HostsEngine engine, int rank, int size) : engine_(std::move(engine)), rank_(rank), size_(size) {}
+  HostsComm(HostsEngineCall engine, int rank, int size) : engine_(std::move(engine)), rank_(rank), size_(size) {}
   int rank() const { return rank_; }
   explicit operator bool() const { return static_cast<bool>(engine_); }
+
+  // Around every task of the backend's worker that runs on this communicator: arm() first, settle() after
+  // its body (also when the body threw): a tail left by the task before, which no engine call of this
+  // task ran, runs then ([Note: the engine's deferred tail]).
+  void arm(HostsTask task) {
+    task_ = std::move(task);
+    calls_at_arm_ = calls_;
+  }
+  void settle() noexcept {
+    task_ = {};
+    if (!pending_ || calls_ != calls_at_arm_) return;
+    try {
+      call("flush", {}, {});  // the tail's own failure completes its Work with the error
+    } catch (...) {
+    }
+  }
 
   void all_reduce(const void* in, void* out, size_t count, DType dtype, ReduceOp op, AllReduceAlgo) {
     at::Tensor x = view(out, count, dtype);
     if (in != out) x.copy_(view(const_cast<void*>(in), count, dtype));
-    engine_("all_reduce", {x}, {static_cast<int64_t>(op)});
+    call("all_reduce", {x}, {static_cast<int64_t>(op)});
+  }
+  // An all-reduce in place whose Work completes with it, with nothing left to do after it: the engine may
+  // return before its tail has run, which completes the Work later.
+  void all_reduce_deferrable(void* buf, size_t count, DType dtype, ReduceOp op) {
+    if (!task_.complete) return all_reduce(buf, buf, count, dtype, op, AllReduceAlgo::Auto);
+    auto deferred = std::make_shared<DeferredCall>();
+    deferred->next_queued = task_.next_queued;
+    deferred->complete = task_.complete;
+    call("all_reduce", {view(buf, count, dtype)}, {static_cast<int64_t>(op)}, deferred);
+    if (deferred->deferred) task_.hand_off();
   }
   void reduce_scatter(const void* in, void* out, size_t count_per_rank, DType dtype, ReduceOp op) {
-    engine_("reduce_scatter", {view(out, count_per_rank, dtype), view(const_cast<void*>(in), count_per_rank * size_, dtype)},
+    call("reduce_scatter", {view(out, count_per_rank, dtype), view(const_cast<void*>(in), count_per_rank * size_, dtype)},
             {static_cast<int64_t>(op)});
   }
   void all_gather(const void* in, void* out, size_t count, DType dtype) {
-    engine_("all_gather", {view(out, count * size_, dtype), view(const_cast<void*>(in), count, dtype)}, {});
+    call("all_gather", {view(out, count * size_, dtype), view(const_cast<void*>(in), count, dtype)}, {});
   }
   void all_gather_v(const void* in, void* out, const std::vector<size_t>& counts, DType dtype) {
     const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
-    engine_("all_gather", {view(out, total, dtype), view(const_cast<void*>(in), counts.at(rank_), dtype)},
+    call("all_gather", {view(out, total, dtype), view(const_cast<void*>(in), counts.at(rank_), dtype)},
             std::vector<int64_t>(counts.begin(), counts.end()));
   }
   void broadcast(void* buf, size_t count, DType dtype, int root) {
-    engine_("broadcast", {view(buf, count, dtype)}, {root});
+    call("broadcast", {view(buf, count, dtype)}, {root});
   }
   // Only root's output is defined (torch's reduce); the others reduce a copy, so that their input is
   // left as it was whatever the ring does with its buffer.
@@ -54,17 +114,30 @@ class HostsComm {
     at::Tensor src = view(const_cast<void*>(in), count, dtype);
     at::Tensor x = rank_ == root ? view(out, count, dtype) : src.clone();
     if (rank_ == root && in != out) x.copy_(src);
-    engine_("reduce", {x}, {root, static_cast<int64_t>(op)});
+    call("reduce", {x}, {root, static_cast<int64_t>(op)});
   }
-  void barrier() { engine_("barrier", {}, {}); }
+  void barrier() { call("barrier", {}, {}); }
 
  private:
+  // Every engine call runs a tail left before it; afterwards one is pending only if this call deferred.
+  void call(const std::string& op, const std::vector<at::Tensor>& tensors, const std::vector<int64_t>& args,
+            const std::shared_ptr<DeferredCall>& deferred = nullptr) {
+    ++calls_;
+    pending_ = false;
+    engine_(op, tensors, args, deferred);
+    pending_ = deferred && deferred->deferred;
+  }
+
   static at::Tensor view(void* p, size_t count, DType dtype) {
     return at::from_blob(p, {static_cast<int64_t>(count)}, at::TensorOptions().dtype(scalar_type_of(dtype)));
   }
 
-  HostsEngine engine_;
+  HostsEngineCall engine_;
   int rank_, size_;
+  HostsTask task_;            // the task running now (armed), else empty
+  uint64_t calls_ = 0;        // engine calls so far
+  uint64_t calls_at_arm_ = 0;
+  bool pending_ = false;      // the last engine call returned with its tail to run
 };
 
 }  // namespace ringzero

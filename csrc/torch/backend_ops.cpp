@@ -13,6 +13,7 @@
 #include <mutex>
 #include <numeric>
 #include <optional>
+#include <type_traits>
 
 #include "backend.h"
 #include "dtype_map.h"
@@ -165,8 +166,25 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::submit(const at::Device& device,
     used.insert(used.end(), inputs.begin(), inputs.end());
     return track(cuda_->launch(type, std::move(outputs), used, ++seq_, [body](CudaComm& c) { body(c); }));
   }
-  if (hosts_)  // a group spanning hosts: the engine's rings wait up to RINGZERO_TIMEOUT_S per call
-    return enqueue_on(executor_, type, std::move(outputs), [this, body] { body(hosts_); }, !call.async_op);
+  if (hosts_) {  // a group spanning hosts: the engine's rings wait up to RINGZERO_TIMEOUT_S per call
+    std::shared_ptr<SerialExecutor::State> state = executor_.state();
+    return enqueue_on(executor_, type, std::move(outputs), [this, body, state](RingzeroWork& work) {
+      // What a deferrable all-reduce needs ([Note: the engine's deferred tail], backend_hosts.h).
+      auto self = c10::intrusive_ptr<RingzeroWork>::unsafe_reclaim_from_nonowning(&work);
+      hosts_.arm({[state] {
+                    std::lock_guard<std::mutex> lock(state->mu);
+                    return !state->queue.empty();
+                  },
+                  [self](std::exception_ptr error) { self->complete(error); }, [self] { self->hand_off(); }});
+      try {
+        body(hosts_);
+      } catch (...) {
+        hosts_.settle();
+        throw;
+      }
+      hosts_.settle();
+    }, !call.async_op);
+  }
   return enqueue(type, std::move(outputs), call, [body](ShmComm& c) { body(c); });
 }
 
@@ -178,6 +196,9 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::allreduce(std::vector<at::Tensor
   const AllReduceAlgo algo = config_.all_reduce_algo;
   return submit(t.device(), c10d::OpType::ALLREDUCE, {t}, {}, call_opts(opts), [t, red, algo](auto& c) {
     at::Tensor buf = red.stage(t);
+    if constexpr (std::is_same_v<std::decay_t<decltype(c)>, HostsComm>) {
+      if (buf.is_same(t)) return c.all_reduce_deferrable(buf.data_ptr(), buf.numel(), red.dtype, red.op);
+    }
     c.all_reduce(buf.data_ptr(), buf.data_ptr(), buf.numel(), red.dtype, red.op, algo);
     write_back(t, buf);
   });

@@ -174,7 +174,8 @@ class RingzeroWork : public OutputsWork {
   RingzeroWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs, uint64_t seq)
       : OutputsWork(rank, type, std::move(outputs), seq) {}
 
-  // Called once, on the worker thread. The future completes first so that its callbacks have run
+  // Called once, by the thread that ran the op (or, for an all-reduce whose tail was deferred, the one that ran
+  // the tail: [Note: the engine's deferred tail], backend_hosts.h). The future completes first so that its callbacks have run
   // (or are running) by the time wait() returns, as with ProcessGroupGloo.
   void complete(std::exception_ptr error) {
     if (error) {
@@ -184,6 +185,11 @@ class RingzeroWork : public OutputsWork {
     }
     finish(error);
   }
+
+  // The task that ran it returned with its completion handed to a later task (the engine's deferred tail,
+  // backend_hosts.h), which calls complete(); set by the task itself, before it returns.
+  void hand_off() { handed_off_ = true; }
+  bool handed_off() const { return handed_off_; }
 
   // Receives from any source: the sender's group rank, set by the worker before complete().
   void set_source_rank(int rank) { source_rank_ = rank; }
@@ -222,6 +228,7 @@ class RingzeroWork : public OutputsWork {
   }
  private:
   std::atomic<int> source_rank_{-1};
+  bool handed_off_ = false;
   std::shared_ptr<SerialExecutor::State> helper_;
   uint64_t ticket_ = 0;
 };

@@ -73,6 +73,11 @@ class HostsEngine:
       broadcast       [x]              [root]
       reduce          [x]              [root, reduce op]    the result lands on root
       barrier         []               []
+      flush           []               []                   runs a tail left by the last all_reduce
+
+    An all_reduce that the backend may let finish later gets a fourth argument, its _C.DeferredCall: the
+    engine may return with the call's last segment (its tail) still to run, and the next call runs it
+    ([Note: the engine's deferred tail], csrc/torch/backend_hosts.h).
 
     CUDA tensors of such a group are CudaHostsEngine's (below).
     """
@@ -89,17 +94,32 @@ class HostsEngine:
         self.transport, _, _ = pick_transport(topo, hg.rank, hg.world, self.shm, config.algo_code, make_ring,
                                               self.running, config.debug)
         self.kind = type(self.transport).__name__  # "Hierarchical" or "NetworkRing"
+        self.transport.defers = True
         _ENGINES.append(weakref.ref(self))
 
-    def __call__(self, op: str, tensors: list, args: list):
-        self.running.seq += 1
-        run_engine_op(self.transport, op, tensors, args)
+    def __call__(self, op: str, tensors: list, args: list, call=None):
+        t = self.transport
+        try:
+            if op == "flush":
+                t.settle()
+                return
+            self.running.seq += 1
+            if op != "all_reduce":  # a pipelined all-reduce runs it once its own first segment is on the link
+                t.settle()
+            run_engine_op(t, op, tensors, args, call)
+        except BaseException as e:
+            t.abandon(e)
+            raise
 
 
-def run_engine_op(t, op: str, tensors: list, args: list):
-    """One call of the C++ backend to an engine (HostsEngine's table above) on transport `t`."""
+def run_engine_op(t, op: str, tensors: list, args: list, call=None):
+    """One call of the C++ backend to an engine (HostsEngine's table above) on transport `t`; `call`: an
+    all_reduce's DeferredCall (CPU transports only)."""
     if op == "all_reduce":
-        t.all_reduce(tensors[0], ReduceOp(args[0]))
+        if call is None:
+            t.all_reduce(tensors[0], ReduceOp(args[0]))
+        else:
+            t.all_reduce(tensors[0], ReduceOp(args[0]), call=call)
     elif op == "reduce_scatter":
         t.reduce_scatter(tensors[0], tensors[1], ReduceOp(args[0]))
     elif op == "all_gather":

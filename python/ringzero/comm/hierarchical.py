@@ -14,7 +14,7 @@ import torch
 
 
 def all_reduce_pipelined(x: torch.Tensor, local_world: int, segment_numel: int, reduce_scatter, cross_start,
-                         cross_finish, all_gather):
+                         cross_finish, all_gather, on_link=None, defer=None):
     """all_reduce_hierarchical's result, with the three steps pipelined over segments of x (the CPU path
     for large messages): the in-host steps of one segment overlap the cross-host step of another.
 
@@ -27,25 +27,43 @@ def all_reduce_pipelined(x: torch.Tensor, local_world: int, segment_numel: int, 
 
     Cost: with K segments the link is busy from the end of RS(0) to the start of AG(K-1); the in-host
     steps the link does not hide are one segment's reduce-scatter and one segment's all-gather.
+
+    on_link(), if given, runs once segment 0 is on its way across hosts (before AG(0)). defer(), if given,
+    is asked once the last segment is on its way (before its cross_finish): when it returns True, the call
+    returns the rest (the last segment's cross_finish and AG, "the tail") as a function for the caller to
+    run later, instead of running it ([Note: the engine's deferred tail], csrc/torch/backend_hosts.h);
+    else it runs it and returns None. The result is the same either way.
     """
     L = local_world
     segments = list(x.split(segment_numel))
     tail = segments[-1]
     padded = -(-tail.numel() // L) * L
-    if padded != tail.numel():  # only the last segment can be uneven
-        segments[-1] = torch.cat([tail, tail.new_zeros(padded - tail.numel())])
-    parts = [seg.new_empty(seg.numel() // L) for seg in segments]
+    parts = [seg.new_empty(-(-seg.numel() // L)) for seg in segments]
     handles = []
     for k, seg in enumerate(segments):
+        if k == len(segments) - 1 and padded != tail.numel():
+            # Only the last segment can be uneven. Its padded copy is made here, not before the loop: on_link
+            # may have just written this memory (a tail left by the call before, [Note: the engine's
+            # deferred tail]).
+            seg = segments[-1] = torch.cat([tail, tail.new_zeros(padded - tail.numel())])
         reduce_scatter(seg, parts[k])
         handles.append(cross_start(parts[k]))
+        if k == 0 and on_link is not None:
+            on_link()
         if k >= 1:  # the previous segment's all-gather while this one crosses the link
             cross_finish(handles[k - 1])
             all_gather(parts[k - 1], segments[k - 1])
-    cross_finish(handles[-1])
-    all_gather(parts[-1], segments[-1])
-    if segments[-1] is not tail:
-        tail.copy_(segments[-1][:tail.numel()])
+
+    def finish_last():
+        cross_finish(handles[-1])
+        all_gather(parts[-1], segments[-1])
+        if segments[-1] is not tail:
+            tail.copy_(segments[-1][:tail.numel()])
+
+    if defer is not None and defer():
+        return finish_last
+    finish_last()
+    return None
 
 
 def reduce_scatter_pipelined(inp: torch.Tensor, out: torch.Tensor, hosts: list[list[int]], segment_numel: int,

@@ -128,10 +128,18 @@ class NetworkRing:
             "called different collectives at the same point.\n  rank | op             | seq  | dtype    "
             "| count      | op | root\n" + "\n".join(lines))
 
-    def all_reduce(self, x: torch.Tensor, op: ReduceOp):
+    def all_reduce(self, x: torch.Tensor, op: ReduceOp, call=None):
         x = x.view(-1)  # the rings slice flat buffers
         base, divisor = split_avg(op, self.world)
         self.begin("all_reduce", x, reduce_op=op).all_reduce(x, base, divisor)
+
+    # The flat ring never defers a tail ([Note: the engine's deferred tail], csrc/torch/backend_hosts.h): the
+    # swap-in backend's engine calls these on every transport alike.
+    def settle(self):
+        pass
+
+    def abandon(self, error: BaseException):
+        pass
 
     def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, op: ReduceOp):
         base, divisor = split_avg(op, self.world)
@@ -170,8 +178,15 @@ class Hierarchical(NetworkRing):
         self.shm = shm
         self.local_world = local_world
         self._worker = None  # the cross-host thread of the pipelined all-reduce, made at its first use
+        # The swap-in backend's engine sets it: its pipelined all-reduces may leave their tail to the next op
+        # ([Note: the engine's deferred tail], csrc/torch/backend_hosts.h). Every local rank's engine does,
+        # so they all take the same votes.
+        self.defers = False
+        self.deferred_calls = 0  # how many returned before their tail ran (tests read it)
+        self._tail = None  # (finish, call, (first, end) address of what finish writes): left by the last call
 
-    def all_reduce(self, x: torch.Tensor, op: ReduceOp):
+    def all_reduce(self, x: torch.Tensor, op: ReduceOp, call=None):
+        """call: the backend's _C.DeferredCall when this all-reduce may return before its tail has run."""
         x = x.view(-1)
         base, divisor = split_avg(op, self.world)
         self.begin("all_reduce", x, reduce_op=op)  # the fingerprint check (RINGZERO_DEBUG=1) spans the group
@@ -179,8 +194,9 @@ class Hierarchical(NetworkRing):
         reduce_scatter = lambda staged, part: shm.reduce_scatter(staged, part, int(base))  # noqa: E731
         segment_numel = self.segment_numel(x)
         if segment_numel:
-            self._all_reduce_pipelined(x, segment_numel, base, divisor, reduce_scatter)
+            self._all_reduce_pipelined(x, segment_numel, base, divisor, reduce_scatter, call)
             return
+        self.settle()
 
         def cross(part):  # AVG: the ring divides at its last step ([Note: AVG in the hierarchical all-reduce])
             # The local ranks wait for this one in the all-gather that follows, each on its own clock: the
@@ -231,12 +247,57 @@ class Hierarchical(NetworkRing):
             lambda seg_in, landed: start(self.cross_ring.all_gather_start, self.cross_ring.all_gather_finish,
                                          seg_in, landed), finish))
 
-    def _all_reduce_pipelined(self, x, segment_numel, base, divisor, reduce_scatter):
+    def _all_reduce_pipelined(self, x, segment_numel, base, divisor, reduce_scatter, call=None):
         ring = self.cross_ring
-        self._pipeline("all_reduce", lambda start, finish: all_reduce_pipelined(
+        if self._tail is not None:
+            # The tail left before runs once this call's first segment is on the link, unless that segment
+            # is memory the tail writes on any local rank (one in-host vote: the order of the in-host steps
+            # must be every local rank's).
+            lo, hi = self._tail[2]
+            first = x[:segment_numel]
+            start = first.data_ptr()
+            if not self._vote(not (start < hi and lo < start + first.numel() * first.element_size())):
+                self.settle()
+
+        def defer():  # every local rank asks (self.defers is the engine's on all of them)
+            return self.defers and self._vote(call is not None and call.next_queued())
+
+        finish_last = self._pipeline("all_reduce", lambda start, finish: all_reduce_pipelined(
             x, self.local_world, segment_numel, reduce_scatter,
             lambda part: start(ring.all_reduce_start, ring.all_reduce_finish, part, base, divisor), finish,
-            self.shm.all_gather))
+            self.shm.all_gather, on_link=self.settle, defer=defer))
+        if finish_last is not None:
+            last = x[(x.numel() - 1) // segment_numel * segment_numel:]
+            self._tail = (finish_last, call, (last.data_ptr(), last.data_ptr() + last.numel() * last.element_size()))
+            self.deferred_calls += 1
+            call.defer()
+
+    def _vote(self, mine: bool) -> bool:
+        """True when every local rank says True: one in-host all-gather of a flag."""
+        flags = torch.empty(self.local_world, dtype=torch.int32)
+        self.shm.all_gather(torch.tensor([int(mine)], dtype=torch.int32), flags)
+        return bool(flags.all())
+
+    def settle(self):
+        """Runs the tail the last pipelined all-reduce left, if any, and completes its Work (with the error
+        the tail raised, which is raised here too)."""
+        tail, self._tail = self._tail, None
+        if tail is None:
+            return
+        finish_last, call, _ = tail
+        try:
+            finish_last()
+        except BaseException as e:
+            call.complete(type(e).__name__, str(e))
+            raise
+        call.complete()
+
+    def abandon(self, error: BaseException):
+        """An op failed before the tail left to it ran: that call's Work fails too, saying why."""
+        tail, self._tail = self._tail, None
+        if tail is not None:
+            tail[1].complete(type(error).__name__, "its last segment never ran: the op after it, which runs it, "
+                             f"failed first: {error}")
 
     def _pipeline(self, op: str, body):
         """Runs body(start, finish), a pipelined collective (hierarchical.py): start(first_half, second_half,
@@ -245,7 +306,7 @@ class Hierarchical(NetworkRing):
         order while this thread does the in-host steps; finish(handle) waits for one (bounded).
 
         The segment shows this rank as away on the network for the whole call; a cross-host failure
-        aborts the local ranks' waits quoting it, and is what this rank raises."""
+        aborts the local ranks' waits quoting it, and is what this rank raises. Returns what body returns."""
         shm, ring = self.shm, self.cross_ring
         if self._worker is None:
             self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ringzero-cross-host")
@@ -278,7 +339,7 @@ class Hierarchical(NetworkRing):
         shm.set_spin(False)
         shm.set_away(self.cross_peers)
         try:
-            body(start, finish)
+            result = body(start, finish)
         except BaseException as e:
             failed = [f.exception(timeout=ring.timeout_s + 10) for f in futures]
             cause = next((f for f in failed if f is not None), None)
@@ -288,6 +349,7 @@ class Hierarchical(NetworkRing):
         finally:
             shm.set_spin(spin)
         shm.set_away([])
+        return result
 
     def close(self):
         if self._worker is not None:

@@ -1,0 +1,120 @@
+"""The swap-in backend's engine across hosts lets a pipelined all-reduce leave its last segment (its tail) to
+the next op when every local rank has one queued ([Note: the engine's deferred tail],
+csrc/torch/backend_hosts.h). Forced hosts a,a,b,b (the hierarchical transport); every result is checked
+exactly (integer-valued floats) against what the same calls give one after the other, with the tails
+taken in every order the code allows: by a following all-reduce, by each other kind of op, by an
+all-reduce whose first segment is the memory the tail writes, and by a task that never calls the engine.
+"""
+import torch
+import torch.distributed as dist
+
+from harness import run_ranks
+from ringzero.comm.backend import hosts_engines
+
+HOSTS = "a,a,b,b"
+BIG = (2 << 20) // 4 + 13  # float32: three segments of the pipelined all-reduce, the last one short (padded)
+
+
+def pattern(rank: int, n: int, salt: int) -> torch.Tensor:
+    """Integers small enough that sums of four ranks stay exact in float32."""
+    return ((torch.arange(n, dtype=torch.int64) * (salt + 3) + rank * 7 + salt) % 97).to(torch.float32)
+
+
+def summed(world: int, n: int, salt: int) -> torch.Tensor:
+    return sum(pattern(r, n, salt) for r in range(world))
+
+
+def sequences(rank, world):
+    g = dist.new_group(backend="ringzero")
+    engine = hosts_engines()[-1]
+    assert engine.kind == "Hierarchical", engine.kind
+    transport = engine.transport
+    deferred_before = transport.deferred_calls
+
+    # Back-to-back asynchronous all-reduces of different tensors (DDP's buckets), several rounds, also with
+    # the futures chained as DDP's hooks chain them.
+    for round_ in range(3):
+        xs = [pattern(rank, BIG + 2 * i, 10 * round_ + i) for i in range(4)]
+        works = [dist.all_reduce(x, group=g, async_op=True) for x in xs]
+        halves = [w.get_future().then(lambda f: f.value()[0] / 2) for w in works]
+        for i, (w, h) in enumerate(zip(works, halves)):
+            w.wait()
+            want = summed(world, BIG + 2 * i, 10 * round_ + i)
+            assert torch.equal(xs[i], want), (round_, i)
+            assert torch.equal(h.wait(), want / 2), (round_, i)
+    assert transport.deferred_calls > deferred_before, "no all-reduce left its tail to the next one"
+
+    # The same tensor twice: the second call's first segment is final before the first call's tail runs.
+    x = pattern(rank, BIG, 5)
+    a = dist.all_reduce(x, group=g, async_op=True)
+    b = dist.all_reduce(x, group=g, async_op=True)
+    a.wait()
+    b.wait()
+    assert torch.equal(x, summed(world, BIG, 5) * world)
+
+    # A second all-reduce whose first segment is the memory the first one's tail writes: the vote runs the
+    # tail first, so the second call reads the first one's result.
+    m = 3 << 19  # 6 MiB: two segments of 3 MiB
+    y = pattern(rank, m, 6)
+    ref = summed(world, m, 6)
+    start = m // 2 - 1000  # 3 MiB and more from here, pipelined too: its first segment runs into the first call's last
+    a = dist.all_reduce(y, group=g, async_op=True)
+    b = dist.all_reduce(y[start:], group=g, async_op=True)
+    a.wait()
+    b.wait()
+    ref[start:] *= world
+    assert torch.equal(y, ref)
+
+    # Every other kind of op after a deferred all-reduce runs the tail before it starts.
+    n = BIG - 13  # divisible by the world
+    for kind in ("broadcast", "reduce", "reduce_scatter", "all_gather", "barrier", "strided", "coalesced"):
+        x = pattern(rank, BIG, 7)
+        first = dist.all_reduce(x, group=g, async_op=True)
+        if kind == "broadcast":
+            t = pattern(rank, 1031, 8)
+            work = dist.broadcast(t, src=3, group=g, async_op=True)
+            check = lambda: torch.equal(t, pattern(3, 1031, 8))  # noqa: E731
+        elif kind == "reduce":
+            t = pattern(rank, 1031, 8)
+            work = dist.reduce(t, dst=1, group=g, async_op=True)
+            check = lambda: rank != 1 or torch.equal(t, summed(world, 1031, 8))  # noqa: E731
+        elif kind == "reduce_scatter":
+            inp = pattern(rank, n, 8)
+            t = torch.empty(n // world)
+            work = dist.reduce_scatter_tensor(t, inp, group=g, async_op=True)
+            check = lambda: torch.equal(t, summed(world, n, 8).view(world, -1)[rank])  # noqa: E731
+        elif kind == "all_gather":
+            inp = pattern(rank, n // world, 8)
+            t = torch.empty(n)
+            work = dist.all_gather_into_tensor(t, inp, group=g, async_op=True)
+            check = lambda: torch.equal(t, torch.cat([pattern(r, n // world, 8) for r in range(world)]))  # noqa: E731
+        elif kind == "barrier":
+            work = dist.barrier(group=g, async_op=True)
+            check = lambda: True  # noqa: E731
+        elif kind == "strided":  # not deferrable itself: the backend copies the result out after the call
+            t = pattern(rank, 2 * BIG, 8)[::2]
+            work = dist.all_reduce(t, group=g, async_op=True)
+            check = lambda: torch.equal(t, summed(world, 2 * BIG, 8)[::2])  # noqa: E731
+        else:
+            ts = [pattern(rank, BIG, 8), pattern(rank, 17, 9)]
+            work = dist.all_reduce_coalesced(ts, group=g, async_op=True)
+            check = lambda: torch.equal(ts[0], summed(world, BIG, 8)) and torch.equal(ts[1], summed(world, 17, 9))  # noqa: E731
+        first.wait()
+        work.wait()
+        assert torch.equal(x, summed(world, BIG, 7)), kind
+        assert check(), kind
+
+    # Blocking calls: nothing is queued behind them, so none defers, and each returns complete.
+    before = transport.deferred_calls
+    for i in range(3):
+        x = pattern(rank, BIG, 20 + i)
+        dist.all_reduce(x, group=g)
+        assert torch.equal(x, summed(world, BIG, 20 + i))
+    assert transport.deferred_calls == before
+    dist.destroy_process_group(g)
+    return transport.deferred_calls - deferred_before
+
+
+def test_deferred_tails_give_the_sequential_results():
+    out = run_ranks(4, sequences, env={"RINGZERO_HOST_IDS": HOSTS})
+    assert all(n > 0 for n in out), out
