@@ -458,8 +458,15 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::barrier(const c10d::BarrierOptio
   }
   if (hosts_)
     return enqueue_on(executor_, c10d::OpType::BARRIER, {}, [this, cuda_done] {
-      if (cuda_done) cuda_done();
-      hosts_.barrier();
+      hosts_.arm({});  // a tail left before runs in the barrier's engine call, or in settle() if cuda_done threw
+      try {
+        if (cuda_done) cuda_done();
+        hosts_.barrier();
+      } catch (...) {
+        hosts_.settle();
+        throw;
+      }
+      hosts_.settle();
     }, !opts.asyncOp);
   return enqueue(c10d::OpType::BARRIER, {}, call_opts(opts), [cuda_done](ShmComm& c) {
     if (cuda_done) cuda_done();
