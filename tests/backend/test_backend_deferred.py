@@ -118,3 +118,56 @@ def sequences(rank, world):
 def test_deferred_tails_give_the_sequential_results():
     out = run_ranks(4, sequences, env={"RINGZERO_HOST_IDS": HOSTS})
     assert all(n > 0 for n in out), out
+
+
+class FakeCall:
+    """Records how the engine completes a deferred call (the backend's _C.DeferredCall in the real run)."""
+
+    def __init__(self):
+        self.completed = []
+
+    def complete(self, kind="", message=""):
+        self.completed.append((kind, message))
+
+
+def bare_transport():
+    from ringzero.comm.transports import Hierarchical, RunningCall
+
+    return Hierarchical(None, None, [], None, 2, RunningCall(), 0, 4, False, [[0, 1], [2, 3]])
+
+
+def test_a_failing_tail_fails_its_own_call_and_the_one_running_it():
+    """A tail whose cross-host step raises completes its call with that error (kind and message, which the
+    C++ side turns into the same ringzero error) and raises it in the op that ran it; an op that fails
+    before running the tail completes the tail's call with an error that says so; each call completes
+    once."""
+    t = bare_transport()
+    call = FakeCall()
+
+    def broken():
+        raise TimeoutError("rank 2 never answered")
+
+    t._tail = (broken, call, (0, 0))
+    try:
+        t.settle()
+    except TimeoutError:
+        pass
+    else:
+        raise AssertionError("settle() swallowed the tail's error")
+    assert call.completed == [("TimeoutError", "rank 2 never answered")]
+    t.settle()  # nothing left: no second completion
+    assert len(call.completed) == 1
+
+    call = FakeCall()
+    t._tail = (lambda: None, call, (0, 0))
+    t.abandon(ValueError("bad argument"))
+    assert len(call.completed) == 1 and call.completed[0][0] == "ValueError", call.completed
+    assert "never ran" in call.completed[0][1] and "bad argument" in call.completed[0][1]
+    t.abandon(ValueError("again"))
+    assert len(call.completed) == 1
+
+    call = FakeCall()
+    ran = []
+    t._tail = (lambda: ran.append(1), call, (0, 0))
+    t.settle()
+    assert ran == [1] and call.completed == [("", "")]
