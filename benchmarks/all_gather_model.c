@@ -19,7 +19,11 @@
 // cache; 350-400 ns: two), since which one the host gives decides what an all-gather this large costs.
 //
 //   gcc -O2 -march=native -pthread benchmarks/all_gather_model.c -o /tmp/all_gather_model   (x86-64, AVX-512)
-//   /tmp/all_gather_model [iters=30] [slot_kib=256] [cpus=0,1] [out_mib=64]
+//   /tmp/all_gather_model [iters=30] [slot_kib=256] [cpus=0,1] [out_mib=64] [pages=small|huge]
+//
+// pages=huge puts the inputs and outputs on transparent huge pages (2 MiB-aligned, MADV_HUGEPAGE), as
+// torch's allocator does with THP_MEM_ALLOC_ENABLE=1 and numpy by default: the kernel copy pins each page it
+// reads, and pins 2 MiB pages far faster ([Note: single copy between a host's ranks], shm_single_copy.cpp).
 //
 // Every arm's output is checked against the expected bytes before it is timed (exit status 1 if wrong).
 #define _GNU_SOURCE
@@ -31,6 +35,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/uio.h>
 #include <unistd.h>
 #include <time.h>
@@ -205,20 +210,31 @@ int main(int argc, char** argv) {
   if (argc > 2) kSlot = (size_t)atoi(argv[2]) << 10;
   if (argc > 3 && sscanf(argv[3], "%d,%d", &cpu[0], &cpu[1]) != 2) return 2;
   if (argc > 4) kOut = (size_t)atoi(argv[4]) << 20, kIn = kOut / 2;
+  const int huge = argc > 5 && strcmp(argv[5], "huge") == 0;
+  if (argc > 5 && !huge && strcmp(argv[5], "small") != 0) {
+    fprintf(stderr, "pages is small or huge\n");
+    return 2;
+  }
   if (iters < 1 || iters > 1024 || kSlot < 4096 || kIn == 0 || kIn % kSlot != 0) {
     fprintf(stderr, "iters in 1..1024, slot_kib a power of two >= 4, out_mib a multiple of 2 slots\n");
     return 2;
   }
   slots = aligned_alloc(4096, 4 * kSlot);
-  for (int r = 0; r < 2; ++r) in[r] = aligned_alloc(4096, kIn), out[r] = aligned_alloc(4096, kOut);
+  const size_t align = huge ? 2 << 20 : 4096;  // both sizes are multiples of 2 MiB when pages=huge
+  for (int r = 0; r < 2; ++r) {
+    in[r] = aligned_alloc(align, (kIn + align - 1) / align * align);
+    out[r] = aligned_alloc(align, (kOut + align - 1) / align * align);
+    madvise(in[r], kIn, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+    madvise(out[r], kOut, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+  }
   const double rt_before = round_trip_ns();
   pthread_barrier_init(&bar, NULL, 2);
   pthread_t t[2];
   for (long r = 0; r < 2; ++r) pthread_create(&t[r], NULL, thread, (void*)r);
   for (int r = 0; r < 2; ++r) pthread_join(t[r], NULL);
   const double rt_after = round_trip_ns();
-  printf("# all_gather_model: 2 threads on cpus %d,%d, output %zu MiB per rank, slot %zu KiB, %d calls per arm\n",
-         cpu[0], cpu[1], kOut >> 20, kSlot >> 10, iters);
+  printf("# all_gather_model: 2 threads on cpus %d,%d, output %zu MiB per rank, slot %zu KiB, %d calls per arm, %s pages\n",
+         cpu[0], cpu[1], kOut >> 20, kSlot >> 10, iters, huge ? "huge" : "small");
   printf("# cache-line round trip between the cpus: %.0f ns before, %.0f ns after\n", rt_before, rt_after);
   printf("| arm | median ms | fastest-slowest ms | written GB/s (both ranks, median) |\n|---|---|---|---|\n");
   for (int arm = 0; arm < NARMS; ++arm) {

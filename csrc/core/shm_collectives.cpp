@@ -212,7 +212,7 @@ void ShmComm::all_gather(const void* in, void* out, size_t count, DType dtype) {
     if (in != out) std::memcpy(out, in, count * es);
     return;
   }
-  if (single_copy_ != SingleCopy::Off && count * es >= kSingleCopyMinBytes && count * es < kSingleCopyEndBytes &&
+  if (single_copy_ != SingleCopy::Off && count * es >= kSingleCopyMinBytes &&
       all_gather_single_copy(static_cast<const char*>(in), static_cast<char*>(out), count, es))
     return;
   // Two ranks, a block of kSingleCopyEndBytes or more ([Note: single copy between a host's ranks], [Note:

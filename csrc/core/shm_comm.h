@@ -81,6 +81,8 @@ class ShmComm {
   void set_single_copy(bool allowed) { single_copy_allowed_ = allowed; }
   // 0: not yet decided, 1: in use, 2: off (a rank did not allow it, or the kernel refused).
   int single_copy() const { return static_cast<int>(single_copy_); }
+  // All-gathers that read their peers' inputs directly so far (the rest staged).
+  uint64_t single_copy_calls() const { return single_copy_calls_; }
 
   // All pointers are this process's memory; counts are elements. `in` may equal `out` where shapes
   // allow (all_reduce, broadcast, reduce). Every rank of the host must call the same collective with
@@ -204,8 +206,9 @@ class ShmComm {
   void all_reduce_one_shot(const void* in, void* out, size_t count, DType dtype, ReduceOp op);
   void all_reduce_two_shot(const void* in, void* out, size_t count, DType dtype, ReduceOp op);
   void all_reduce_ring(const void* in, void* out, size_t count, DType dtype, ReduceOp op);
-  // The single-copy all-gather; false when the first probe found it refused (then nothing but this
-  // rank's own block of `out` is written, and the caller runs the staged all-gather).
+  // The single-copy all-gather; false when the first probe found it refused, or a block of
+  // kSingleCopyEndBytes or more is not on huge pages on every rank (then nothing but, for a smaller
+  // block, this rank's own block of `out` is written, and the caller runs the staged all-gather).
   bool all_gather_single_copy(const char* in, char* out, size_t count, size_t es);
   // The window whose own region holds [p, p + bytes) when a collective (`kind`, for the message) should
   // read it from the peers directly, else nullptr; InvalidArgument for another group's window.
@@ -252,6 +255,7 @@ class ShmComm {
   int stage_stream_mode_ = 2;        // set_stage_streaming
   SingleCopy single_copy_ = SingleCopy::Untested;  // the same on every rank (decided together)
   bool single_copy_allowed_ = true;                // this rank's vote (set_single_copy)
+  uint64_t single_copy_calls_ = 0;
   uint64_t windows_made_ = 0;   // create_window calls: the windows' ids, the same on every rank
   uint64_t current_slice_ = 0;  // the registered collective's slice (start_registered to finish_registered)
 };

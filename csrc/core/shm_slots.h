@@ -62,11 +62,12 @@ struct alignas(128) ShmComm::Control {
   std::atomic<int32_t> away[2];       // 1 + the group ranks this rank waits on over the network (set_away), 0: none
   std::atomic<uint64_t> xaddr;        // single copy: the address of this rank's input in its own process
   std::atomic<int32_t> xverdict;      // single copy's first probe: 1 this rank read every peer, 2 refused
+  std::atomic<int32_t> xhuge;         // single copy of a large block: 1 this rank's input is on huge pages
   alignas(128) Fingerprint fp[2];     // by slice parity, like the slots; read when the hashes differ
   alignas(64) std::atomic<uint64_t> probe;  // line 3: peer_on_other_cache's ping-pong counter
 };
 static_assert(offsetof(ShmComm::Control, last_seq) == 64, "the hot fields must fill exactly line 0");
-static_assert(offsetof(ShmComm::Control, xverdict) + 4 <= 128, "line 1 holds the cold fields");
+static_assert(offsetof(ShmComm::Control, xhuge) + 4 <= 128, "line 1 holds the cold fields");
 static_assert(offsetof(ShmComm::Control, probe) == 192, "the probe counter has line 3 to itself");
 static_assert(sizeof(ShmComm::Control) == 256, "control blocks are 256 bytes");
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "cross-process flags need lock-free atomics");

@@ -7,6 +7,7 @@
 #include "dtype_map.h"
 #include "core/reduce.h"
 #include "core/shm_comm.h"
+#include "core/shm_single_copy.h"
 #include "core/shm_placement.h"
 #include "core/shm_window.h"
 #include "core/topology.h"
@@ -225,6 +226,13 @@ PYBIND11_MODULE(_C, m) {
            "[Note: single copy between a host's ranks]")
       .def_property_readonly("single_copy", &ShmComm::single_copy,
                              "0: not yet decided, 1: in use, 2: off (a rank did not allow it, or the kernel refused)")
+      .def_property_readonly("single_copy_calls", &ShmComm::single_copy_calls,
+                             "All-gathers so far that read the peers' inputs directly (the others staged)")
+      .def_static("on_huge_pages", [](uint64_t address, size_t bytes) {
+            return ringzero::on_huge_pages(reinterpret_cast<const void*>(address), bytes); },
+          py::arg("address"), py::arg("bytes"),
+          "Whether this process's memory at [address, address + bytes) lies on huge pages, as the single-copy "
+          "all-gather of a large block asks (false where the kernel cannot say: PAGEMAP_SCAN, Linux 6.7+)")
       .def("set_host_cpus", &ShmComm::set_host_cpus, py::arg("cpus"),
            "Distinct cpus the host's ranks may run on together; waits spin only if every rank can have one")
       .def_property_readonly("spin", static_cast<bool (ShmComm::*)() const>(&ShmComm::spin))

@@ -2,17 +2,21 @@
 ranks that are processes read each other's blocks with process_vm_readv. Reference: the blocks each rank
 built, concatenated in rank order (integers: exact).
 
-- Blocks just under 64 KiB (staged), at 64 KiB, a prime count past it, just under 16 MiB (the largest
-  read directly) and 16 MiB (staged again); in place and not; blocking (the api's native entry) and
+- Blocks just under 64 KiB (staged), at 64 KiB, a prime count past it, just under 8 MiB (the largest
+  read directly on 4 KiB pages) and 8 MiB (staged again: torch's tensors here are on 4 KiB pages); in place and not; blocking (the api's native entry) and
   async (the worker thread); world sizes 2, 3 and 4.
 - No rank may return while a peer still reads its input: each rank changes its input right after every
   call, and the next call's result must show only the new values.
 - The kernel's refusal, as a container's seccomp profile gives it: one rank's process_vm_readv is made to
   fail with EPERM. Every rank then stages (single_copy == 2 everywhere) and the results are the same.
 - RINGZERO_SINGLE_COPY=0: staged throughout.
+- Blocks of 8 MiB and more are read directly only when every rank's input lies on huge pages (each rank's
+  input an mmap advised for transparent huge pages, or against them on one rank): `single_copy_calls` tells
+  which path ran, the same on every rank, and the results are exact either way.
 """
 import ctypes
 import errno
+import mmap
 import os
 import platform
 
@@ -22,6 +26,7 @@ import torch.distributed as dist
 
 import ringzero
 from harness import run_ranks
+from ringzero import _C
 from ringzero.comm.communicator import get_communicator
 
 MIN, END = 64 << 10, 8 << 20  # kSingleCopyMinBytes, kSingleCopyEndBytes (csrc/core/shm_single_copy.h)
@@ -102,3 +107,65 @@ def test_single_copy_all_gather_matches_the_blocks(world, refuse, env, want_stat
         pytest.skip("the refusal is planted with an x86-64 seccomp filter")
     checked = run_ranks(world, _cases, refuse, want_state, env=env, timeout_s=240)
     assert checked == [20] * world
+
+
+def _anon_huge_kib(address: int) -> int:
+    """AnonHugePages (KiB) of the mapping of this process that holds `address`, from /proc/self/smaps."""
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo <= address < hi
+            elif inside and head == "AnonHugePages:":
+                return int(line.split()[1])
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+def _pagemap_scan_works() -> bool:
+    """Whether the kernel has PAGEMAP_SCAN (Linux 6.7+), which on_huge_pages asks."""
+    release = tuple(int(p) for p in platform.release().split("-")[0].split(".")[:2])
+    return release >= (6, 7)
+
+
+def _huge_page_cases(rank, world, small_rank):
+    comm = get_communicator(dist.group.WORLD)
+    # Private: shared anonymous memory gets no transparent huge pages unless shmem_enabled says so.
+    probe = mmap.mmap(-1, 3 * END, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    probe.madvise(mmap.MADV_HUGEPAGE)
+    probe_t = torch.frombuffer(probe, dtype=torch.uint8)
+    probe_t.fill_(1)
+    tells = _C.ShmComm.on_huge_pages(probe_t.data_ptr(), probe_t.numel())  # False where the kernel cannot say
+    # The independent reference: the kernel's own count of the mapping's huge pages, where it can say so.
+    huge_kib = _anon_huge_kib(probe_t.data_ptr())
+    if _pagemap_scan_works():
+        assert tells == (huge_kib >= 2 * 3 * END // 3 // 1024), (tells, huge_kib)
+    want_direct = int(tells and small_rank is None)
+    inputs = []  # the mappings outlive the calls that read them
+    for nbytes in (END, 2 * END + 4 * 1009):
+        count = nbytes // 4
+        want = torch.cat([block(q, count, torch.int32, 0) for q in range(world)])
+        for async_op in (False, True):
+            buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            buf.madvise(mmap.MADV_NOHUGEPAGE if rank == small_rank else mmap.MADV_HUGEPAGE)
+            mine = torch.frombuffer(buf, dtype=torch.int32)
+            mine.copy_(block(rank, count, torch.int32, 0))
+            inputs.append((buf, mine))
+            out = torch.full((world * count + 1,), -1, dtype=torch.int32)
+            before = comm.shm.single_copy_calls
+            work = ringzero.all_gather_single(out[:-1], mine, async_op=async_op)
+            if async_op:
+                work.wait()
+            assert torch.equal(out[:-1], want), (nbytes, async_op)
+            assert out[-1].item() == -1, "wrote past the output"
+            assert comm.shm.single_copy_calls - before == want_direct, (nbytes, async_op, tells, small_rank)
+    return tells
+
+
+@pytest.mark.parametrize("world, small_rank", [(2, None), (3, None), (2, 1)],
+                         ids=["2-ranks-huge", "3-ranks-huge", "2-ranks-rank1-small-pages"])
+def test_single_copy_of_large_blocks_only_on_huge_pages(world, small_rank):
+    tells = run_ranks(world, _huge_page_cases, small_rank, timeout_s=240)
+    assert len(set(tells)) == 1, tells
+    print(f"the kernel tells huge pages apart: {tells[0]} (if not, every case staged)")

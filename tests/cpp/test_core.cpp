@@ -1,6 +1,9 @@
 // C++ tests of the core without torch: every reduction table against a scalar float64/int64 reference,
 // and every shared-memory collective with N ranks as threads of one process against the same reference.
 // Integer-valued inputs keep every sum exact, so results must match exactly.
+#include <sys/mman.h>
+#include <sys/utsname.h>
+
 #include <atomic>
 #include <cmath>
 #include <condition_variable>
@@ -349,10 +352,91 @@ static void test_single_copy() {
   std::printf("single copy: %d (world, dtype, count, placement) cases checked, on, off, and off on one rank\n", cases);
 }
 
+// Anonymous memory on a 2 MiB boundary, advised for transparent huge pages or against them, touched.
+struct Mapping {
+  Mapping(size_t bytes, bool huge) : len(bytes + (2 << 20)) {
+    base = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECK(base != MAP_FAILED, "mmap of %zu bytes failed", len);
+    data = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(base) + (2 << 20) - 1) & ~uintptr_t((2 << 20) - 1));
+    madvise(data, bytes, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+    std::memset(data, 0x5a, bytes);
+  }
+  ~Mapping() { munmap(base, len); }
+  size_t len;
+  void* base;
+  char* data;
+};
+
+// A block of kSingleCopyEndBytes (8 MiB) and more is read directly only when every rank's input lies on
+// huge pages (on_huge_pages, csrc/core/shm_single_copy.cpp), else staged on every rank: worlds 2 and 3, every
+// rank's input on huge pages, every one on small pages, and the last rank's alone on small pages; blocks of
+// 8 MiB and a prime count past it (not on a 2 MiB boundary after the first), in place and not. Values distinct
+// in every element and rank (int32: exact); single_copy_calls() tells which path ran. Where this kernel cannot
+// tell huge pages (PAGEMAP_SCAN, Linux 6.7+; THP off), it says so and every case must have staged.
+static void test_single_copy_huge_pages() {
+  const size_t end = kSingleCopyEndBytes / 4;
+  bool tells = false;
+  {
+    Mapping huge(kSingleCopyEndBytes, true), small(kSingleCopyEndBytes, false);
+    tells = on_huge_pages(huge.data, kSingleCopyEndBytes);
+    CHECK(!on_huge_pages(small.data, kSingleCopyEndBytes), "8 MiB advised against huge pages passed as huge");
+    CHECK(!on_huge_pages(small.data + 4096, 3 << 20), "3 MiB on small pages passed as huge");
+    if (tells) CHECK(on_huge_pages(huge.data + 12345, kSingleCopyEndBytes - 20000), "an unaligned piece of huge pages failed");
+  }
+  // A kernel that has PAGEMAP_SCAN (6.7+) and transparent huge pages on must tell (else the cases below would
+  // pass with every one staged, whatever on_huge_pages does).
+  utsname u{};
+  int major = 0, minor = 0;
+  if (uname(&u) == 0) std::sscanf(u.release, "%d.%d", &major, &minor);
+  std::string thp;
+  if (FILE* f = std::fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r")) {
+    char line[128] = {};
+    if (std::fgets(line, sizeof(line), f)) thp = line;
+    std::fclose(f);
+  }
+  const bool should_tell = (major > 6 || (major == 6 && minor >= 7)) && !thp.empty() && thp.find("[never]") == std::string::npos;
+  CHECK(tells || !should_tell, "Linux %d.%d with transparent huge pages (%s) but on_huge_pages saw none", major, minor,
+        thp.c_str());
+  if (!tells) std::printf("single copy on huge pages: this kernel does not tell huge pages apart; every case must stage\n");
+  int cases = 0;
+  for (int n : {2, 3}) {
+    for (int setting : {0, 1, 2}) {  // all on huge pages, none, all but the last rank
+      run_ranks(n, 64 << 10, 60, [&](int rank, ShmComm& c) {
+        const bool huge = setting == 0 || (setting == 2 && rank != n - 1);
+        for (size_t count : {end, end + 1009}) {
+          for (bool in_place : {false, true}) {
+            Mapping out(n * count * 4 + 4, huge), in(count * 4, huge);
+            int32_t* o = reinterpret_cast<int32_t*>(out.data);
+            int32_t* src = in_place ? o + rank * count : reinterpret_cast<int32_t*>(in.data);
+            for (size_t i = 0; i < count; ++i) src[i] = static_cast<int32_t>((rank << 24) + i);
+            o[n * count] = -7;
+            const uint64_t before = c.single_copy_calls();
+            c.all_gather(src, o, count, DType::I32);
+            size_t bad = n * count;
+            for (size_t i = 0; i < n * count && bad == n * count; ++i)
+              if (o[i] != static_cast<int32_t>(((i / count) << 24) + i % count)) bad = i;
+            CHECK(bad == n * count, "rank %d of %d (setting %d, count %zu, in place %d): element %zu is %d", rank, n,
+                  setting, count, in_place, bad, bad < n * count ? o[bad] : 0);
+            CHECK(o[n * count] == -7, "rank %d: all_gather wrote past its output", rank);
+            const uint64_t want = setting == 0 && tells ? 1 : 0;
+            CHECK(c.single_copy_calls() - before == want, "rank %d of %d (setting %d, count %zu): %llu direct reads, want %llu",
+                  rank, n, setting, count, static_cast<unsigned long long>(c.single_copy_calls() - before),
+                  static_cast<unsigned long long>(want));
+            if (rank == 0) ++cases;
+          }
+        }
+      });
+    }
+  }
+  std::printf("single copy on huge pages: %d cases checked (%s)\n", cases,
+              tells ? "read directly where every rank was on huge pages" : "all staged: the kernel cannot tell");
+}
+
 int main() {
   test_reduce_tables();
   test_collectives();
   test_single_copy();
+  test_single_copy_huge_pages();
   test_mismatch_and_timeout();
   test_p2p();
   if (g_failures) {
