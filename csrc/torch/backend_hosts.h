@@ -35,7 +35,9 @@ using HostsEngine = std::function<void(const std::string& op, const std::vector<
 // is on the link, any other op before it starts. The call's Work completes when the tail has run
 // (DeferredCall::complete), never earlier. Whether to defer is voted inside the host (the engine's
 // in-host steps must run in one order on every local rank; comm/transports.py Hierarchical), and the
-// vote counts only where another op is queued, so the tail never waits for an op that may not come.
+// vote counts only where another op is queued, so the tail never waits for an op that may not come. As a
+// guard against a bug in that chain, a wait() on a handed-off Work raises once four timeouts and 10 s
+// have passed since the hand-off (RingzeroWork::hand_off, backend_work.h).
 struct DeferredCall {
   std::function<bool()> next_queued;                  // another op is queued behind this one
   std::function<void(std::exception_ptr)> complete;  // completes the op's Work (once)

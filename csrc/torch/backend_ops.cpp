@@ -171,11 +171,14 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::submit(const at::Device& device,
     return enqueue_on(executor_, type, std::move(outputs), [this, body, state](RingzeroWork& work) {
       // What a deferrable all-reduce needs ([Note: the engine's deferred tail], backend_hosts.h).
       auto self = c10::intrusive_ptr<RingzeroWork>::unsafe_reclaim_from_nonowning(&work);
+      // The tail runs in the next op's first segment (or before it): a few of its waits, each ending after
+      // the timeout, at most.
+      const double bound_s = 4 * config_.timeout_s + 10;
       hosts_.arm({[state] {
                     std::lock_guard<std::mutex> lock(state->mu);
                     return !state->queue.empty();
                   },
-                  [self](std::exception_ptr error) { self->complete(error); }, [self] { self->hand_off(); }});
+                  [self](std::exception_ptr error) { self->complete(error); }, [self, bound_s] { self->hand_off(bound_s); }});
       try {
         body(hosts_);
       } catch (...) {

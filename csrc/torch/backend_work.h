@@ -187,9 +187,21 @@ class RingzeroWork : public OutputsWork {
   }
 
   // The task that ran it returned with its completion handed to a later task (the engine's deferred tail,
-  // backend_hosts.h), which calls complete(); set by the task itself, before it returns.
-  void hand_off() { handed_off_ = true; }
-  bool handed_off() const { return handed_off_; }
+  // backend_hosts.h), which calls complete(); set by the task itself, before it returns. That task is queued
+  // already and its waits each end after the backend's timeout, so only a bug in ringzero could leave the
+  // Work uncompleted for long: a wait() without a timeout raises once `bound_s` has passed since.
+  void hand_off(double bound_s) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    handed_off_ = true;
+    hand_off_bound_s_ = bound_s;
+    hand_off_deadline_ = std::chrono::steady_clock::now() +
+                         std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(bound_s));
+    cv_.notify_all();  // a wait() already blocked switches to the bound
+  }
+  bool handed_off() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return handed_off_;
+  }
 
   // Receives from any source: the sender's group rank, set by the worker before complete().
   void set_source_rank(int rank) { source_rank_ = rank; }
@@ -216,8 +228,15 @@ class RingzeroWork : public OutputsWork {
     } waiting(helper_ ? &helper_->waiters : nullptr);
     std::unique_lock<std::mutex> lock(mutex_);
     if (timeout == kNoTimeout) {
-      // Not unbounded: every shared-memory wait ends in a CommTimeout after the op's timeout.
-      cv_.wait(lock, [&] { return completed_; });
+      // Not unbounded: every shared-memory wait ends in a CommTimeout after the op's timeout, and a Work whose
+      // completion was handed to a later task waits at most its bound from then (hand_off).
+      cv_.wait(lock, [&] { return completed_ || handed_off_; });
+      if (!completed_ && !cv_.wait_until(lock, hand_off_deadline_, [&] { return completed_; }))
+        TORCH_CHECK(false, "ringzero: ", c10d::opTypeToString(retrieveOpType()), " (sequence number ", seq_, ") on rank ",
+                    rank_, " returned with its last segment left to the op after it ([Note: the engine's deferred "
+                    "tail], csrc/torch/backend_hosts.h), and that segment has not run ", hand_off_bound_s_,
+                    " s later, although every wait of the op running it ends sooner: a bug in ringzero; please "
+                    "report it");
     } else if (!cv_.wait_for(lock, timeout, [&] { return completed_; })) {
       // "Timed out waiting <n>ms" is the wording of gloo's timeouts, which callers match.
       TORCH_CHECK(false, "ringzero: Timed out waiting ", timeout.count(), "ms (given to Work.wait()) for ",
@@ -228,7 +247,9 @@ class RingzeroWork : public OutputsWork {
   }
  private:
   std::atomic<int> source_rank_{-1};
-  bool handed_off_ = false;
+  bool handed_off_ = false;  // under mutex_, as the two below
+  double hand_off_bound_s_ = 0;
+  std::chrono::steady_clock::time_point hand_off_deadline_;
   std::shared_ptr<SerialExecutor::State> helper_;
   uint64_t ticket_ = 0;
 };

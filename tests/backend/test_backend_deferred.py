@@ -5,6 +5,9 @@ exactly (integer-valued floats) against what the same calls give one after the o
 taken in every order the code allows: by a following all-reduce, by each other kind of op, by an
 all-reduce whose first segment is the memory the tail writes, and by a task that never calls the engine.
 """
+import time
+from datetime import timedelta
+
 import torch
 import torch.distributed as dist
 
@@ -118,6 +121,40 @@ def sequences(rank, world):
 def test_deferred_tails_give_the_sequential_results():
     out = run_ranks(4, sequences, env={"RINGZERO_HOST_IDS": HOSTS})
     assert all(n > 0 for n in out), out
+
+
+def lost_tail(rank, world):
+    """A planted bug: the transport's settle() does nothing, so a deferred tail never runs. wait() on that
+    call must raise once its bound (4 timeouts + 10 s) has passed, naming the call, not hang."""
+    g = dist.new_group(backend="ringzero", timeout=timedelta(seconds=2))
+    transport = hosts_engines()[-1].transport
+    transport.settle = lambda: None
+    for attempt in range(3):  # a call defers only if the next one is queued by then (almost always)
+        before = transport.deferred_calls
+        a = dist.all_reduce(pattern(rank, BIG, attempt), group=g, async_op=True)
+        b = dist.all_reduce(pattern(rank, BIG, 9), group=g, async_op=True)
+        b.wait()
+        if transport.deferred_calls > before:
+            break
+        a.wait()
+    else:
+        raise AssertionError("no all-reduce deferred its tail in three tries")
+    start = time.monotonic()
+    try:
+        a.wait()
+    except RuntimeError as e:
+        message = str(e)
+    else:
+        raise AssertionError("wait() returned for an all-reduce whose tail never ran")
+    return message, time.monotonic() - start
+
+
+def test_a_tail_that_never_runs_fails_its_wait_after_the_bound():
+    out = run_ranks(4, lost_tail, env={"RINGZERO_HOST_IDS": HOSTS}, timeout_s=120)
+    for message, waited in out:
+        assert "last segment left to the op after it" in message and "sequence number" in message, message
+        assert "18 s later" in message, message
+        assert waited < 19, waited  # the bound counts from the hand-off, before wait() was called
 
 
 class FakeCall:
