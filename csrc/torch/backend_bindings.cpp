@@ -151,7 +151,7 @@ void bind_backend(py::module_& m) {
   py::class_<ringzero::DeferredCall, std::shared_ptr<ringzero::DeferredCall>>(
       m, "DeferredCall", "An all-reduce of the c10d backend's engine across hosts that may return before its last "
       "segment has run ([Note: the engine's deferred tail], csrc/torch/backend_hosts.h)")
-      .def("next_queued", [](ringzero::DeferredCall& c) { return c.next_queued(); },
+      .def("next_queued", [](ringzero::DeferredCall& c) { return c.task.next_queued(); },
            "True when another op of the group is queued behind this one on the backend's worker")
       .def("defer", [](ringzero::DeferredCall& c) { c.deferred = true; },
            "The engine returns with the tail still to run: the Work completes at complete(), not at the return")
@@ -161,7 +161,7 @@ void bind_backend(py::module_& m) {
              c.completed = true;
              std::exception_ptr error = kind.empty() ? nullptr : ringzero::engine_error("all_reduce", kind, message);
              py::gil_scoped_release nogil;  // its future's callbacks (DDP's hooks) may take the GIL themselves
-             c.complete(error);
+             c.task.complete(error);
            }, py::arg("kind") = "", py::arg("message") = "",
            "Completes the deferred call's Work; kind: the name of the exception its tail raised ('' if none)");
   py::class_<RingzeroBackend, c10d::Backend, NoGilPtr<RingzeroBackend>>(m, "RingzeroBackend",

@@ -38,9 +38,16 @@ using HostsEngine = std::function<void(const std::string& op, const std::vector<
 // vote counts only where another op is queued, so the tail never waits for an op that may not come. As a
 // guard against a bug in that chain, a wait() on a handed-off Work raises once four timeouts and 10 s
 // have passed since the hand-off (RingzeroWork::hand_off, backend_work.h).
-struct DeferredCall {
-  std::function<bool()> next_queued;                  // another op is queued behind this one
+// What the backend hands HostsComm for the task it runs (run()): whether another op is queued behind it,
+// how its Work completes, and how to tell the task's wrapper that the Work completes later.
+struct HostsTask {
+  std::function<bool()> next_queued;
   std::function<void(std::exception_ptr)> complete;  // completes the op's Work (once)
+  std::function<void()> hand_off;
+};
+
+struct DeferredCall {
+  HostsTask task;         // the task of the all-reduce: next_queued() and complete() are the engine's
   bool deferred = false;  // set by the engine, on the thread running the call, as the last thing it does
   bool completed = false;
 };
@@ -50,34 +57,26 @@ struct DeferredCall {
 using HostsEngineCall = std::function<void(const std::string& op, const std::vector<at::Tensor>& tensors,
                                            const std::vector<int64_t>& args, const std::shared_ptr<DeferredCall>& call)>;
 
-// What the backend hands HostsComm for the task it runs (arm()): whether another op is queued behind it,
-// how its Work completes, and how to tell the task's wrapper that the Work completes later.
-struct HostsTask {
-  std::function<bool()> next_queued;
-  std::function<void(std::exception_ptr)> complete;
-  std::function<void()> hand_off;
-};
-
 class HostsComm {
  public:
   HostsComm(HostsEngineCall engine, int rank, int size) : engine_(std::move(engine)), rank_(rank), size_(size) {}
   int rank() const { return rank_; }
   explicit operator bool() const { return static_cast<bool>(engine_); }
 
-  // Around every task of the backend's worker that runs on this communicator: arm() first, settle() after
-  // its body (also when the body threw): a tail left by the task before, which no engine call of this
-  // task ran, runs then ([Note: the engine's deferred tail]).
-  void arm(HostsTask task) {
+  // Every task of the backend's worker that runs on this communicator runs its body through here: a tail
+  // left by the task before, which no engine call of this body ran, runs after it, also when the body threw
+  // ([Note: the engine's deferred tail]). `task` is empty for a task whose Work never defers (a barrier).
+  template <class Body>
+  void run(HostsTask task, Body&& body) {
     task_ = std::move(task);
-    calls_at_arm_ = calls_;
-  }
-  void settle() noexcept {
-    task_ = {};
-    if (!pending_ || calls_ != calls_at_arm_) return;
+    calls_at_run_ = calls_;
     try {
-      call("flush", {}, {});  // the tail's own failure completes its Work with the error
+      body();
     } catch (...) {
+      settle();
+      throw;
     }
+    settle();
   }
 
   void all_reduce(const void* in, void* out, size_t count, DType dtype, ReduceOp op, AllReduceAlgo) {
@@ -90,8 +89,7 @@ class HostsComm {
   void all_reduce_deferrable(void* buf, size_t count, DType dtype, ReduceOp op) {
     if (!task_.complete) return all_reduce(buf, buf, count, dtype, op, AllReduceAlgo::Auto);
     auto deferred = std::make_shared<DeferredCall>();
-    deferred->next_queued = task_.next_queued;
-    deferred->complete = task_.complete;
+    deferred->task = task_;
     call("all_reduce", {view(buf, count, dtype)}, {static_cast<int64_t>(op)}, deferred);
     if (deferred->deferred) task_.hand_off();
   }
@@ -121,6 +119,16 @@ class HostsComm {
   void barrier() { call("barrier", {}, {}); }
 
  private:
+  // After a task's body: runs a tail left before the task that no engine call of the body ran.
+  void settle() noexcept {
+    task_ = {};
+    if (!pending_ || calls_ != calls_at_run_) return;
+    try {
+      call("flush", {}, {});  // the tail's own failure completes its Work with the error
+    } catch (...) {
+    }
+  }
+
   // Every engine call runs a tail left before it; afterwards one is pending only if this call deferred.
   void call(const std::string& op, const std::vector<at::Tensor>& tensors, const std::vector<int64_t>& args,
             const std::shared_ptr<DeferredCall>& deferred = nullptr) {
@@ -136,9 +144,9 @@ class HostsComm {
 
   HostsEngineCall engine_;
   int rank_, size_;
-  HostsTask task_;            // the task running now (armed), else empty
+  HostsTask task_;            // the task running now (run()), else empty
   uint64_t calls_ = 0;        // engine calls so far
-  uint64_t calls_at_arm_ = 0;
+  uint64_t calls_at_run_ = 0;  // calls_ when the task's body began
   bool pending_ = false;      // the last engine call returned with its tail to run
 };
 

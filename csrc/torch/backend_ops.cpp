@@ -174,18 +174,12 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::submit(const at::Device& device,
       // The tail runs in the next op's first segment (or before it): a few of its waits, each ending after
       // the timeout, at most.
       const double bound_s = 4 * config_.timeout_s + 10;
-      hosts_.arm({[state] {
+      hosts_.run({[state] {
                     std::lock_guard<std::mutex> lock(state->mu);
                     return !state->queue.empty();
                   },
-                  [self](std::exception_ptr error) { self->complete(error); }, [self, bound_s] { self->hand_off(bound_s); }});
-      try {
-        body(hosts_);
-      } catch (...) {
-        hosts_.settle();
-        throw;
-      }
-      hosts_.settle();
+                  [self](std::exception_ptr error) { self->complete(error); }, [self, bound_s] { self->hand_off(bound_s); }},
+                 [&] { body(hosts_); });
     }, !call.async_op);
   }
   return enqueue(type, std::move(outputs), call, [body](ShmComm& c) { body(c); });
@@ -461,15 +455,10 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::barrier(const c10d::BarrierOptio
   }
   if (hosts_)
     return enqueue_on(executor_, c10d::OpType::BARRIER, {}, [this, cuda_done] {
-      hosts_.arm({});  // a tail left before runs in the barrier's engine call, or in settle() if cuda_done threw
-      try {
+      hosts_.run({}, [&] {  // a tail left before runs in the barrier's engine call, or after cuda_done threw
         if (cuda_done) cuda_done();
         hosts_.barrier();
-      } catch (...) {
-        hosts_.settle();
-        throw;
-      }
-      hosts_.settle();
+      });
     }, !opts.asyncOp);
   return enqueue(c10d::OpType::BARRIER, {}, call_opts(opts), [cuda_done](ShmComm& c) {
     if (cuda_done) cuda_done();

@@ -124,11 +124,18 @@ def test_deferred_tails_give_the_sequential_results():
 
 
 def lost_tail(rank, world):
-    """A planted bug: the transport's settle() does nothing, so a deferred tail never runs. wait() on that
-    call must raise once its bound (4 timeouts + 10 s) has passed, naming the call, not hang."""
-    g = dist.new_group(backend="ringzero", timeout=timedelta(seconds=2))
+    """A planted bug: the transport's settle() runs a deferred tail but never completes its call, so the Work
+    is never completed. wait() on that call must raise once its bound (4 timeouts + 10 s) has passed, naming
+    the call, not hang."""
+    g = dist.new_group(backend="ringzero", timeout=timedelta(seconds=5))  # 2 s was too short for 4 ranks on 2 cores
     transport = hosts_engines()[-1].transport
-    transport.settle = lambda: None
+
+    def settle_and_lose_the_call():
+        tail, transport._tail = transport._tail, None
+        if tail is not None:
+            tail[0]()
+
+    transport.settle = settle_and_lose_the_call
     for attempt in range(3):  # a call defers only if the next one is queued by then (almost always)
         before = transport.deferred_calls
         a = dist.all_reduce(pattern(rank, BIG, attempt), group=g, async_op=True)
@@ -153,8 +160,8 @@ def test_a_tail_that_never_runs_fails_its_wait_after_the_bound():
     out = run_ranks(4, lost_tail, env={"RINGZERO_HOST_IDS": HOSTS}, timeout_s=120)
     for message, waited in out:
         assert "last segment left to the op after it" in message and "sequence number" in message, message
-        assert "18 s later" in message, message
-        assert waited < 19, waited  # the bound counts from the hand-off, before wait() was called
+        assert "30 s later" in message, message  # 4 x 5 s + 10 s
+        assert waited < 31, waited  # the bound counts from the hand-off, before wait() was called
 
 
 class FakeCall:
