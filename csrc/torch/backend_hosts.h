@@ -38,6 +38,7 @@ using HostsEngine = std::function<void(const std::string& op, const std::vector<
 // vote counts only where another op is queued, so the tail never waits for an op that may not come. As a
 // guard against a bug in that chain, a wait() on a handed-off Work raises once four timeouts and 10 s
 // have passed since the hand-off (RingzeroWork::hand_off, backend_work.h).
+
 // What the backend hands HostsComm for the task it runs (run()): whether another op is queued behind it,
 // how its Work completes, and how to tell the task's wrapper that the Work completes later.
 struct HostsTask {
