@@ -203,6 +203,21 @@ c10d::Backend* RingzeroBackend::route(const at::Device& device, const char* op, 
   TORCH_CHECK_VALUE(false, "ringzero ", op, ": tensors on ", device, " are not supported; use CPU or CUDA tensors");
 }
 
+// Measured on a plain gloo group (torch 2.13, 3 ranks, tests/backend/test_backend_fuzz.py's strided cases): a
+// BXOR all-reduce or reduce of x[::2] wrote its result into x's first elements and left the view's own
+// unreduced, and so did scatter into a strided output (broadcast too, which ringzero runs itself);
+// all_to_all_single and send/recv refuse such tensors, gather and all_to_all copy them right. Where ringzero
+// hands one of the first kind to the inner gloo, it raises instead of returning a wrong result.
+void RingzeroBackend::check_contiguous_for_inner(const std::vector<at::Tensor>& tensors, const char* op,
+                                                 const char* what) {
+  for (const auto& t : tensors) {
+    TORCH_CHECK_VALUE(!t.defined() || !t.is_cpu() || t.is_contiguous(), "ringzero ", op, ": a non-contiguous ",
+                      what, " (sizes ", t.sizes(), ", strides ", t.strides(), ") would go to the inner gloo backend ",
+                      "(this op, dtype or reduce op is not one of ringzero's own), which writes it as if it were ",
+                      "contiguous: wrong elements. Pass a contiguous tensor (t.contiguous(), then copy the result back)");
+  }
+}
+
 CudaLane* RingzeroBackend::cuda_lane(const at::Device& device, const char* op, bool may_set_up) {
   std::lock_guard<std::mutex> lock(cuda_mu_);
   if (!cuda_ && may_set_up && cuda_setup_) {
@@ -357,7 +372,9 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::gather(std::vector<std::vector<a
 c10::intrusive_ptr<c10d::Work> RingzeroBackend::scatter(std::vector<at::Tensor>& outputs,
                                                         std::vector<std::vector<at::Tensor>>& inputs,
                                                         const c10d::ScatterOptions& opts) {
-  return track(route(first(outputs, "scatter").device(), "scatter", false)->scatter(outputs, inputs, opts));
+  auto* inner = route(first(outputs, "scatter").device(), "scatter", false);
+  check_contiguous_for_inner(outputs, "scatter", "output tensor");
+  return track(inner->scatter(outputs, inputs, opts));
 }
 
 c10::intrusive_ptr<c10d::Work> RingzeroBackend::alltoall_base(at::Tensor& output, at::Tensor& input,

@@ -51,6 +51,11 @@ struct BackendConfig {
 struct CallOpts {
   std::chrono::milliseconds timeout;
   bool async_op = true;
+  // Across hosts: the op's body hands its tensors to the engine as they are, reading none of them first, so
+  // a tail the op before left may run after the body's first segment ([Note: the engine's deferred tail],
+  // backend_hosts.h). False (every op but a contiguous all-reduce without premultiplication): the tail runs
+  // before the body, which may copy a tensor the tail is still to write.
+  bool tail_may_wait = false;
 };
 template <class Options>
 CallOpts call_opts(const Options& opts) {
@@ -143,6 +148,10 @@ class RingzeroBackend : public c10d::Backend {
   // is false when our kernels cannot take these arguments (dtype, reduce op, layout, uneven sizes).
   // `collective`: every rank calls it, so it may set up the CUDA lane (send/recv pass false).
   c10d::Backend* route(const at::Device& device, const char* op, bool native_ok, bool collective = true);
+  // Before an op whose CPU tensors go to the inner gloo and that gloo runs on data_ptr() as if contiguous
+  // (all-reduce and reduce, also coalesced, and scatter's outputs; torch 2.13): a ValueError naming the op
+  // for a non-contiguous one, where gloo would write the wrong elements without a word.
+  static void check_contiguous_for_inner(const std::vector<at::Tensor>& tensors, const char* op, const char* what);
   void count(bool native, c10::DeviceType device_type, const char* op);
   // Every Work an op returns passes here: between startCoalescing() and endCoalescing() it is kept
   // for the CoalescedWork.

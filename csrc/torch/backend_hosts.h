@@ -45,6 +45,7 @@ struct HostsTask {
   std::function<bool()> next_queued;
   std::function<void(std::exception_ptr)> complete;  // completes the op's Work (once)
   std::function<void()> hand_off;
+  bool tail_may_wait = false;  // CallOpts::tail_may_wait: else run() runs a pending tail before the body
 };
 
 struct DeferredCall {
@@ -65,11 +66,25 @@ class HostsComm {
   explicit operator bool() const { return static_cast<bool>(engine_); }
 
   // Every task of the backend's worker that runs on this communicator runs its body through here: a tail
-  // left by the task before, which no engine call of this body ran, runs after it, also when the body threw
-  // ([Note: the engine's deferred tail]). `task` is empty for a task whose Work never defers (a barrier).
+  // left by the task before runs first, unless the task says its body reads no tensor before its engine
+  // call (a contiguous all-reduce, whose engine call runs the tail after its first segment); one that no
+  // engine call of the body ran runs after it, also when the body threw ([Note: the engine's deferred
+  // tail]). `task` is empty for a task whose Work never defers (a barrier).
+  // Running the tail first matters wherever a body copies a tensor before its engine call (a coalesced
+  // op's concatenation, a strided tensor's contiguous copy, a premultiplied copy, a non-root's copy for
+  // reduce): that copy would read the memory the tail has yet to write (tests/backend/test_backend_fuzz.py
+  // found it: an all-reduce, then all_reduce_coalesced of the same tensor, left the last segment as the
+  // first call's inputs' sum).
   template <class Body>
   void run(HostsTask task, Body&& body) {
+    const bool tail_may_wait = task.tail_may_wait;
     task_ = std::move(task);
+    if (!tail_may_wait && pending_) {
+      try {
+        call("flush", {}, {});  // the tail's own failure completes its Work with the error
+      } catch (...) {
+      }
+    }
     calls_at_run_ = calls_;
     try {
       body();

@@ -168,7 +168,8 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::submit(const at::Device& device,
   }
   if (hosts_) {  // a group spanning hosts: the engine's rings wait up to RINGZERO_TIMEOUT_S per call
     std::shared_ptr<SerialExecutor::State> state = executor_.state();
-    return enqueue_on(executor_, type, std::move(outputs), [this, body, state](RingzeroWork& work) {
+    const bool tail_may_wait = call.tail_may_wait;
+    return enqueue_on(executor_, type, std::move(outputs), [this, body, state, tail_may_wait](RingzeroWork& work) {
       // What a deferrable all-reduce needs ([Note: the engine's deferred tail], backend_hosts.h).
       auto self = c10::intrusive_ptr<RingzeroWork>::unsafe_reclaim_from_nonowning(&work);
       // The tail runs in the next op's first segment (or before it): a few of its waits, each ending after
@@ -178,7 +179,8 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::submit(const at::Device& device,
                     std::lock_guard<std::mutex> lock(state->mu);
                     return !state->queue.empty();
                   },
-                  [self](std::exception_ptr error) { self->complete(error); }, [self, bound_s] { self->hand_off(bound_s); }},
+                  [self](std::exception_ptr error) { self->complete(error); }, [self, bound_s] { self->hand_off(bound_s); },
+                  tail_may_wait},
                  [&] { body(hosts_); });
     }, !call.async_op);
   }
@@ -189,9 +191,14 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::allreduce(std::vector<at::Tensor
                                                           const c10d::AllreduceOptions& opts) {
   const at::Tensor& t = single(tensors, "allreduce");
   const Reduction red = reduction(opts.reduceOp, tensors, "allreduce");
-  if (auto* inner = route(t.device(), "allreduce", red.native_on(t))) return track(inner->allreduce(tensors, opts));
+  if (auto* inner = route(t.device(), "allreduce", red.native_on(t))) {
+    check_contiguous_for_inner(tensors, "allreduce", "tensor");
+    return track(inner->allreduce(tensors, opts));
+  }
   const AllReduceAlgo algo = config_.all_reduce_algo;
-  return submit(t.device(), c10d::OpType::ALLREDUCE, {t}, {}, call_opts(opts), [t, red, algo](auto& c) {
+  CallOpts call = call_opts(opts);
+  call.tail_may_wait = !red.premul && t.is_contiguous();  // the body's red.stage(t) is t itself: no copy first
+  return submit(t.device(), c10d::OpType::ALLREDUCE, {t}, {}, call, [t, red, algo](auto& c) {
     at::Tensor buf = red.stage(t);
     if constexpr (std::is_same_v<std::decay_t<decltype(c)>, HostsComm>) {
       if (buf.is_same(t)) return c.all_reduce_deferrable(buf.data_ptr(), buf.numel(), red.dtype, red.op);
@@ -205,8 +212,10 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::allreduce_coalesced(std::vector<
                                                                     const c10d::AllreduceCoalescedOptions& opts) {
   TORCH_CHECK_VALUE(!tensors.empty(), "ringzero allreduce_coalesced: tensors must not be empty");
   const Reduction red = reduction(opts.reduceOp, tensors, "allreduce_coalesced");
-  if (auto* inner = route(tensors[0].device(), "allreduce_coalesced", red.native_on(tensors[0])))
+  if (auto* inner = route(tensors[0].device(), "allreduce_coalesced", red.native_on(tensors[0]))) {
+    check_contiguous_for_inner(tensors, "allreduce_coalesced", "tensor");
     return track(inner->allreduce_coalesced(tensors, opts));
+  }
   const AllReduceAlgo algo = config_.all_reduce_algo;
   // One collective over the concatenation: one synchronisation for many small tensors.
   return submit(tensors[0].device(), c10d::OpType::ALLREDUCE_COALESCED, tensors, {}, call_opts(opts),
@@ -226,7 +235,10 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::reduce(std::vector<at::Tensor>& 
                     " is outside the group of size ", getSize());
   TORCH_CHECK_VALUE(opts.rootTensor == 0, "ringzero reduce: rootTensor must be 0 (one tensor per rank)");
   const Reduction red = reduction(opts.reduceOp, tensors, "reduce");
-  if (auto* inner = route(t.device(), "reduce", red.native_on(t))) return track(inner->reduce(tensors, opts));
+  if (auto* inner = route(t.device(), "reduce", red.native_on(t))) {
+    check_contiguous_for_inner(tensors, "reduce", "tensor");
+    return track(inner->reduce(tensors, opts));
+  }
   const int root = static_cast<int>(opts.rootRank);
   return submit(t.device(), c10d::OpType::REDUCE, {t}, {}, call_opts(opts), [t, red, root](auto& c) {
     at::Tensor buf = red.stage(t);

@@ -107,6 +107,26 @@ def sequences(rank, world):
         assert torch.equal(x, summed(world, BIG, 7)), kind
         assert check(), kind
 
+    # The same tensor in the next op, whose body copies it before its engine call (a coalesced op's
+    # concatenation, a strided view's contiguous copy, a premultiplied copy): the tail runs before that copy.
+    # Before the fix each of these left the last segment as the first call's sum (tests/backend/test_backend_fuzz.py).
+    for kind in ("coalesced", "strided", "premul"):
+        x = pattern(rank, BIG + 1, 30)
+        first = dist.all_reduce(x, group=g, async_op=True)
+        want = summed(world, BIG + 1, 30)
+        if kind == "coalesced":
+            second = dist.all_reduce_coalesced([x], group=g, async_op=True)
+            want = want * world
+        elif kind == "strided":
+            second = dist.all_reduce(x[1::2], group=g, async_op=True)
+            want[1::2] *= world
+        else:
+            second = dist.all_reduce(x, op=dist._make_nccl_premul_sum(2.0), group=g, async_op=True)
+            want = want * 2 * world
+        first.wait()
+        second.wait()
+        assert torch.equal(x, want), kind
+
     # Blocking calls: nothing is queued behind them, so none defers, and each returns complete.
     before = transport.deferred_calls
     for i in range(3):

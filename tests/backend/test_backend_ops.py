@@ -66,3 +66,61 @@ def test_group_across_hosts_runs_ringzero_collectives(hosts, kind):
     world = len(hosts.split(","))
     out = run_ranks(world, body, True, [0, 1, 13, 1031], env={**SMALL_BUFFERS, "RINGZERO_HOST_IDS": hosts})
     assert all(calls > 0 and got == kind for calls, got in out), out
+
+
+def strided_calls(rank, world):
+    """Non-contiguous tensors: ringzero's own ops give the right elements and leave the others alone; the ops it
+    hands to the inner gloo, which writes such a tensor as if it were contiguous (a plain gloo group gave wrong
+    elements for all of these, checked below), raise ValueError naming the op instead."""
+    g = dist.new_group(backend="ringzero")
+
+    def ints(r):
+        return (torch.arange(7) * (r + 1) + 3).to(torch.int32)
+
+    x = ints(rank)
+    dist.all_reduce(x[::2], group=g)  # SUM: ringzero's own
+    want = ints(rank)
+    want[::2] = sum(ints(r)[::2] for r in range(world))
+    assert torch.equal(x, want)
+    x = ints(rank)
+    dist.broadcast(x[1::3], src=world - 1, group=g)
+    want = ints(rank)
+    want[1::3] = ints(world - 1)[1::3]
+    assert torch.equal(x, want)
+
+    for call, op in [(lambda t: dist.all_reduce(t, op=dist.ReduceOp.BXOR, group=g), "allreduce"),
+                     (lambda t: dist.reduce(t, dst=0, op=dist.ReduceOp.BOR, group=g), "reduce"),
+                     (lambda t: dist.all_reduce_coalesced([ints(rank), t], op=dist.ReduceOp.BAND, group=g),
+                      "allreduce_coalesced")]:
+        x = ints(rank)
+        with pytest.raises(ValueError, match=f"ringzero {op}: a non-contiguous tensor"):
+            call(x[::2])
+        assert torch.equal(x, ints(rank)), op  # nothing written
+        y = x[::2].contiguous()
+        call(y)  # the fix the message names: a contiguous tensor
+        if op != "reduce" or rank == 0:
+            parts = [ints(r)[::2] for r in range(world)]
+            fold = {"allreduce": lambda a, b: a ^ b, "reduce": lambda a, b: a | b,
+                    "allreduce_coalesced": lambda a, b: a & b}[op]
+            want = parts[0]
+            for p in parts[1:]:
+                want = fold(want, p)
+            assert torch.equal(y, want), op
+
+    out = torch.zeros(8, dtype=torch.int32)
+    inputs = [torch.full((4,), q, dtype=torch.int32) for q in range(world)] if rank == 0 else None
+    with pytest.raises(ValueError, match="ringzero scatter: a non-contiguous output tensor"):
+        dist.scatter(out[::2], inputs, src=0, group=g)
+    dist.scatter(out[:4], inputs, src=0, group=g)
+    assert torch.equal(out, torch.tensor([rank] * 4 + [0] * 4, dtype=torch.int32))
+
+    outs = [torch.zeros(8, dtype=torch.int32)[::2] for _ in range(world)] if rank == 0 else None
+    dist.gather(ints(rank)[::2][:4], outs, dst=0, group=g)  # handed on, and gloo copies it right: allowed
+    assert rank != 0 or all(torch.equal(outs[q], ints(q)[::2][:4]) for q in range(world))
+    dist.destroy_process_group(g)
+    return True
+
+
+@pytest.mark.parametrize("hosts", [None, "a,a,b"])
+def test_non_contiguous_tensors_right_or_refused(hosts):
+    assert all(run_ranks(3, strided_calls, env={"RINGZERO_HOST_IDS": hosts} if hosts else None))
