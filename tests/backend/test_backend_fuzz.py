@@ -11,7 +11,8 @@ calls it hands on is what the model checks. Sizes: 0, 1, primes, and around the 
 all-reduce across hosts is pipelined and may defer its tail. Values are small integers, bounded so that
 every sum, product and average stays exact in its dtype.
 
-The seed is printed and in every message; RINGZERO_FUZZ_SEED=<n> repeats a run, RINGZERO_FUZZ_OPS the length.
+The seed is printed and in every message; RINGZERO_FUZZ_SEED=<n> repeats a run, RINGZERO_FUZZ_OPS sets the
+number of calls, RINGZERO_FUZZ_HOSTS the layouts.
 """
 import os
 import random
@@ -89,6 +90,11 @@ def grown_bound(op, bound, world):
     if op in ("band", "bor", "bxor"):
         return (1 << max(1, int(bound).bit_length())) - 1
     return bound  # avg, min, max
+
+
+def within_sum(e, world, fresh):
+    """e, or a fresh tensor of its size and dtype where a sum over the ranks could pass its dtype's exact integers."""
+    return e if e.bound * world <= LIMIT[e.t.dtype] else fresh(e.t.numel(), e.t.dtype, 8)
 
 
 def fuzz(rank, world, seed, n_ops):
@@ -203,8 +209,7 @@ def fuzz(rank, world, seed, n_ops):
         elif kind in ("reduce_scatter", "reduce_scatter_list"):
             k = size(dtype) // 2 if shared.random() < 0.5 else shared.choice([0, 1, 5, 4099])
             e = an_input(dtype, n=k * world)
-            if e.bound * world > LIMIT[dtype]:
-                e = fresh(k * world, dtype, 8)
+            e = within_sum(e, world, fresh)
             out = torch.full((k,), 99, dtype=dtype)
             if kind == "reduce_scatter":
                 work = dist.reduce_scatter_tensor(out, e.t, group=g, async_op=True)
@@ -252,8 +257,7 @@ def fuzz(rank, world, seed, n_ops):
                 remember(e)
         elif kind == "reduce":
             e = an_input(dtype)
-            if e.bound * world > LIMIT[dtype]:
-                e = fresh(e.t.numel(), dtype, 8)
+            e = within_sum(e, world, fresh)
             dst = shared.randrange(world)
             work = dist.reduce(e.t, dst=dst, group=g, async_op=True)
             note = f"dst {dst} on {id(e.t) % 10007} ({e.t.numel()})"
@@ -305,7 +309,9 @@ def fuzz(rank, world, seed, n_ops):
     return counts
 
 
-LAYOUTS = ["a,a,b,b", "a,b,a,b", "a,a,b"]
+# Hosts of the ranks: the hierarchical form (two layouts), the flat ring (uneven hosts), and one host (the
+# shared-memory path). RINGZERO_FUZZ_HOSTS="a,a,b,b,c,c;a,b,b" runs others.
+LAYOUTS = os.environ.get("RINGZERO_FUZZ_HOSTS", "a,a,b,b;a,b,a,b;a,a,b;a,a,a").split(";")
 
 
 @pytest.mark.parametrize("hosts", LAYOUTS)
@@ -317,3 +323,155 @@ def test_random_calls_give_the_sequential_results(hosts):
     counts = run_ranks(world, fuzz, seed, n_ops, env={"RINGZERO_HOST_IDS": hosts}, timeout_s=400)
     assert all(c == counts[0] for c in counts), (seed, counts)
     assert counts[0].get("all_reduce", 0) > 0, (seed, counts)
+
+
+def fuzz_api(rank, world, seed, n_ops):
+    """The same for the ringzero.* functions on the default group (the door ringzero's DDP and ZeRO take), their
+    tensors often from ringzero.empty (read from the peers in place), whole or a contiguous part at one offset
+    on every rank. Every call is ringzero's own, so any tensor a call not waited on touches may be the next
+    call's input."""
+    import ringzero
+
+    shared, mine = random.Random(seed), random.Random(seed * 7919 + rank)
+    pool: list[Entry] = []
+    pending, calls = [], []
+    where = f"seed {seed}, rank {rank} (ringzero.*)"
+    power_of_two = world & (world - 1) == 0
+    dtypes = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64, torch.int8,
+              torch.uint8]
+    ops = {"sum": ringzero.ReduceOp.SUM, "avg": ringzero.ReduceOp.AVG, "min": ringzero.ReduceOp.MIN,
+           "max": ringzero.ReduceOp.MAX, "product": ringzero.ReduceOp.PRODUCT}
+
+    def tensor(n, dtype):
+        """A tensor of n elements: plain, registered, or a part of a larger registered one (the same offset on
+        every rank)."""
+        how = shared.random()
+        if how < 0.4:
+            return torch.empty(n, dtype=dtype)
+        extra = shared.choice([0, 1, 17]) if how < 0.7 else 0
+        big = ringzero.empty(n + 2 * extra, dtype=dtype)
+        return big[extra:extra + n]
+
+    def fresh(n, dtype, hi):
+        salt = shared.randrange(1 << 30)
+        model = [values(r, n, salt, hi, torch.float64) for r in range(world)]
+        t = tensor(n, dtype)
+        t.copy_(model[rank])
+        return Entry(t, model, hi - 1)
+
+    def an_input(dtype, n=None, hi=4):
+        old = [e for e in pool if e.t.dtype == dtype and e.known and (n is None or e.t.numel() == n)]
+        if old and shared.random() < 0.6:
+            return shared.choice(old)
+        n = n if n is not None else shared.choice([0, 1, 3, 13, 1021, 16411, 65537, (1 << 20) // 4 + 5,
+                                                   (3 << 20) // 4 + 7])
+        return fresh(n, dtype, hi)
+
+    def remember(e):
+        if all(e is not f for f in pool):
+            pool.append(e)
+        if len(pool) > 8:
+            pool.pop(0)
+
+    def wait_some(all_of_them=False):
+        mine.shuffle(pending)
+        keep = [] if all_of_them else pending[:mine.randrange(len(pending) + 1)]
+        for w in pending[len(keep):]:
+            w.wait()
+        pending[:] = keep
+
+    def check_all():
+        wait_some(all_of_them=True)
+        for i, e in enumerate(pool):
+            if e.model[rank] is None:
+                continue
+            got = e.t.to(torch.float64)
+            if not torch.equal(got, e.model[rank]):
+                bad = (got != e.model[rank]).nonzero()
+                first = int(bad[0, 0])
+                raise AssertionError(f"{where}: pool tensor {i} ({e.t.dtype}, {e.t.numel()} elements) differs at "
+                                     f"{bad.shape[0]} elements, first [{first}]: got {got[first].item()}, want "
+                                     f"{e.model[rank][first].item()}; the calls:\n" + "\n".join(calls))
+
+    for step in range(n_ops):
+        kind = shared.choice(["all_reduce"] * 4 + ["reduce_scatter", "all_gather", "all_gather_v", "broadcast",
+                                                   "reduce", "barrier"])
+        dtype = shared.choice(dtypes)
+        work, note = None, ""
+        if kind == "all_reduce":
+            op = shared.choice(["sum", "sum", "min", "max", "product"] +
+                               (["avg"] if dtype.is_floating_point and power_of_two else []))
+            e = an_input(dtype, hi=3 if op == "product" else 8)
+            if grown_bound(op, e.bound, world) > LIMIT[dtype]:
+                op = "max"
+            work = ringzero.all_reduce(e.t, op=ops[op], async_op=True)
+            reduced = reduce_model(op, e.model, world)
+            e.model = [reduced.clone() for _ in range(world)]
+            e.bound = grown_bound(op, e.bound, world)
+            note = f"{op} on {e.t.numel()}"
+            remember(e)
+        elif kind == "reduce_scatter":
+            k = shared.choice([0, 1, 5, 4099, (1 << 20) // 8 + 3])
+            e = an_input(dtype, n=k * world)
+            e = within_sum(e, world, fresh)
+            out = tensor(k, dtype)
+            work = ringzero.reduce_scatter_single(out, e.t, async_op=True)
+            reduced = reduce_model("sum", e.model, world)
+            note = f"{k * world} into {k}"
+            remember(Entry(out, [reduced[r * k:(r + 1) * k].clone() for r in range(world)], e.bound * world))
+        elif kind == "all_gather":
+            k = shared.choice([0, 1, 7, 4099, (1 << 20) // 8 + 3])
+            e = an_input(dtype, n=k)
+            out = tensor(k * world, dtype)
+            work = ringzero.all_gather_single(out, e.t, async_op=True)
+            whole = torch.cat(e.model)
+            note = f"{k} into {k * world}"
+            remember(Entry(out, [whole.clone() for _ in range(world)], e.bound))
+        elif kind == "all_gather_v":
+            counts = [shared.choice([0, 1, 3, 1021, 65537]) for _ in range(world)]
+            salt = shared.randrange(1 << 30)
+            model = [values(r, counts[r], salt, 8, torch.float64) for r in range(world)]
+            inp = model[rank].to(dtype, copy=True)
+            out = tensor(sum(counts), dtype)
+            work = ringzero.all_gather_v(out, inp, counts, async_op=True)
+            whole = torch.cat(model)
+            note = f"counts {counts}"
+            remember(Entry(out, [whole.clone() for _ in range(world)], 7))
+        elif kind == "broadcast":
+            e = an_input(dtype)
+            src = shared.randrange(world)
+            work = ringzero.broadcast(e.t, src=src, async_op=True)
+            e.model = [e.model[src].clone() for _ in range(world)]
+            note = f"src {src} on {e.t.numel()}"
+            remember(e)
+        elif kind == "reduce":
+            e = an_input(dtype)
+            e = within_sum(e, world, fresh)
+            dst = shared.randrange(world)
+            work = ringzero.reduce(e.t, dst=dst, async_op=True)
+            reduced = reduce_model("sum", e.model, world)
+            e.model = [reduced if r == dst else e.model[r] for r in range(world)]  # the others unchanged (its doc)
+            e.bound *= world
+            note = f"dst {dst} on {e.t.numel()}"
+            remember(e)
+        else:
+            work = ringzero.barrier(async_op=True)
+        calls.append(f"{step}: {kind} {dtype} {note}")
+        if work is not None:
+            pending.append(work)
+        if mine.random() < 0.3:
+            wait_some()
+        if shared.random() < 0.08:
+            check_all()
+    check_all()
+    return len(calls)
+
+
+@pytest.mark.parametrize("hosts", LAYOUTS)
+def test_random_ringzero_calls_give_the_sequential_results(hosts):
+    seed = int(os.environ.get("RINGZERO_FUZZ_SEED") or random.randrange(1 << 31))
+    n_ops = int(os.environ.get("RINGZERO_FUZZ_OPS", "120"))
+    print(f"test_backend_fuzz (ringzero.*): hosts {hosts}, seed {seed} (RINGZERO_FUZZ_SEED={seed} repeats it), "
+          f"{n_ops} calls")
+    counts = run_ranks(len(hosts.split(",")), fuzz_api, seed, n_ops, env={"RINGZERO_HOST_IDS": hosts}, timeout_s=400)
+    assert counts == [n_ops] * len(counts), (seed, counts)
