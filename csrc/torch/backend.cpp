@@ -203,7 +203,7 @@ c10d::Backend* RingzeroBackend::route(const at::Device& device, const char* op, 
   TORCH_CHECK_VALUE(false, "ringzero ", op, ": tensors on ", device, " are not supported; use CPU or CUDA tensors");
 }
 
-// Measured on a plain gloo group (torch 2.13, 3 ranks, tests/backend/test_backend_fuzz.py's strided cases): a
+// Measured on a plain gloo group (torch 2.13, 3 ranks; the cases of tests/backend/test_backend_ops.py): a
 // BXOR all-reduce or reduce of x[::2] wrote its result into x's first elements and left the view's own
 // unreduced, and so did scatter into a strided output (broadcast too, which ringzero runs itself);
 // all_to_all_single and send/recv refuse such tensors, gather and all_to_all copy them right. Where ringzero
@@ -211,7 +211,9 @@ c10d::Backend* RingzeroBackend::route(const at::Device& device, const char* op, 
 void RingzeroBackend::check_contiguous_for_inner(const std::vector<at::Tensor>& tensors, const char* op,
                                                  const char* what) {
   for (const auto& t : tensors) {
-    TORCH_CHECK_VALUE(!t.defined() || !t.is_cpu() || t.is_contiguous(), "ringzero ", op, ": a non-contiguous ",
+    // Strided tensors only: a sparse one (allreduce_sparse, or allreduce of one) is gloo's to take as it is.
+    TORCH_CHECK_VALUE(!t.defined() || !t.is_cpu() || t.layout() != at::kStrided || t.is_contiguous(), "ringzero ", op,
+                      ": a non-contiguous ",
                       what, " (sizes ", t.sizes(), ", strides ", t.strides(), ") would go to the inner gloo backend ",
                       "(this op, dtype or reduce op is not one of ringzero's own), which writes it as if it were ",
                       "contiguous: wrong elements. Pass a contiguous tensor (t.contiguous(), then copy the result back)");
