@@ -79,12 +79,7 @@ class HostsComm {
   void run(HostsTask task, Body&& body) {
     const bool tail_may_wait = task.tail_may_wait;
     task_ = std::move(task);
-    if (!tail_may_wait && pending_) {
-      try {
-        call("flush", {}, {});  // the tail's own failure completes its Work with the error
-      } catch (...) {
-      }
-    }
+    if (!tail_may_wait) run_pending_tail();
     calls_at_run_ = calls_;
     try {
       body();
@@ -138,7 +133,10 @@ class HostsComm {
   // After a task's body: runs a tail left before the task that no engine call of the body ran.
   void settle() noexcept {
     task_ = {};
-    if (!pending_ || calls_ != calls_at_run_) return;
+    if (calls_ == calls_at_run_) run_pending_tail();
+  }
+  void run_pending_tail() noexcept {
+    if (!pending_) return;
     try {
       call("flush", {}, {});  // the tail's own failure completes its Work with the error
     } catch (...) {

@@ -68,6 +68,9 @@ struct Reduction {
   at::Tensor factor_tensor;
 
   // A contiguous buffer holding what this rank contributes (`t` itself when it already is one).
+  // Whether stage(t) is t itself (no copy): the engine across hosts may then run a deferred tail after the
+  // op's first segment (CallOpts::tail_may_wait).
+  bool stages_in_place(const at::Tensor& t) const { return !premul && t.is_contiguous(); }
   at::Tensor stage(const at::Tensor& t) const {
     if (!premul) return t.contiguous();
     return (factor_tensor.defined() ? t.mul(factor_tensor.to(t.device())) : t.mul(factor)).contiguous();
@@ -197,7 +200,7 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::allreduce(std::vector<at::Tensor
   }
   const AllReduceAlgo algo = config_.all_reduce_algo;
   CallOpts call = call_opts(opts);
-  call.tail_may_wait = !red.premul && t.is_contiguous();  // the body's red.stage(t) is t itself: no copy first
+  call.tail_may_wait = red.stages_in_place(t);
   return submit(t.device(), c10d::OpType::ALLREDUCE, {t}, {}, call, [t, red, algo](auto& c) {
     at::Tensor buf = red.stage(t);
     if constexpr (std::is_same_v<std::decay_t<decltype(c)>, HostsComm>) {
