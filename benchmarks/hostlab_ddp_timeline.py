@@ -46,23 +46,29 @@ def rank_main(out: str, steps: int):
 
     pipelined = transports.all_reduce_pipelined
 
-    def traced_pipelined(x, local_world, segment_numel, reduce_scatter, cross_start, cross_finish, all_gather):
+    calls = [0]  # pipelined all-reduces begun in this step: a deferred tail's arrival comes in the next call
+
+    def traced_pipelined(x, local_world, segment_numel, reduce_scatter, cross_start, cross_finish, all_gather,
+                         **kwargs):
+        k = calls[0]
+        calls[0] += 1
+
         def start(part):
-            mark("posted")
+            mark(("posted", k))
             return cross_start(part)
 
         def finish(handle):
             got = cross_finish(handle)
-            mark("arrived")
+            mark(("arrived", k))
             return got
-        return pipelined(x, local_world, segment_numel, reduce_scatter, start, finish, all_gather)
+        return pipelined(x, local_world, segment_numel, reduce_scatter, start, finish, all_gather, **kwargs)
 
     transports.all_reduce_pipelined = traced_pipelined
     engine_call = backend.HostsEngine.__call__
 
-    def traced_call(self, op, tensors, args):
+    def traced_call(self, op, tensors, args, call=None):
         mark(f"{op}>")
-        engine_call(self, op, tensors, args)
+        engine_call(self, op, tensors, args, call)
     backend.HostsEngine.__call__ = traced_call
 
     dist.init_process_group("ringzero")
@@ -77,6 +83,7 @@ def rank_main(out: str, steps: int):
             x = torch.randn(BATCH, WIDTH, generator=torch.Generator().manual_seed(1000 * step + rank))
             dist.barrier(group=group)
             events.clear()
+            calls[0] = 0
             mark("start")
             optim.zero_grad(set_to_none=True)
             model(x).pow(2).mean().backward()
@@ -103,14 +110,10 @@ def step_phases(ranks: list[list], bound_ms: float) -> dict:
               "group step": (last("end") - t0) * 1e3, "start skew": (t0 - min(m[0][0] for m in ranks)) * 1e3}
     calls = [[i for i, (_, n) in enumerate(m) if n == "all_reduce>"] for m in ranks]
     if calls[0]:  # the ringzero run: its engine's calls are marked
-        buckets = []  # per bucket: (last first post, last last arrival)
+        buckets = []  # per bucket (pipelined all-reduce k of the step): (last first post, last last arrival)
         for k in range(len(calls[0])):
-            firsts, lasts = [], []
-            for m, idx in zip(ranks, calls):
-                end = idx[k + 1] if k + 1 < len(idx) else len(m)
-                seg = m[idx[k]:end]
-                firsts.append(next(t for t, n in seg if n == "posted"))
-                lasts.append([t for t, n in seg if n == "arrived"][-1])
+            firsts = [next(t for t, n in m if n == ["posted", k]) for m in ranks]
+            lasts = [[t for t, n in m if n == ["arrived", k]][-1] for m in ranks]
             buckets.append((max(firsts), max(lasts)))
         phases.update({
             "ready": (max(m[i[0]][0] for m, i in zip(ranks, calls)) - t0) * 1e3,
