@@ -5,10 +5,13 @@ every rank, from timestamps taken around the backend engine's calls and each ste
 The model, data and step are hostlab_backend.py's (stock DistributedDataParallel, default buckets, AdamW).
 Per step, on the lab's one clock (the last rank's step start is 0):
   ready        the last rank's first bucket handed to the backend (its all-reduce can start no earlier)
+  first rs     start and end of the first segment's in-host reduce-scatter, the last rank's (the link waits
+               for it: it needs both local ranks and ends with one synchronisation per staging slot)
   link start   the last rank's first segment posted across hosts (the link starts carrying gradients)
   link span    link start to the last segment's arrival, against the link bound of all buckets' bytes
   gaps         the link's idle time between consecutive buckets: the last rank's first segment of bucket k+1
                posted after the last arrival of bucket k
+  last ag      the last arrival to the end of the last rank's last in-host all-gather
   after link   the last arrival to the last rank's backward() returning (last in-host all-gather, DDP's copy
                of the buckets into the gradients, wake-ups)
   optimizer    the last backward() to the last optimizer step's end
@@ -61,7 +64,16 @@ def rank_main(out: str, steps: int):
             got = cross_finish(handle)
             mark(("arrived", k))
             return got
-        return pipelined(x, local_world, segment_numel, reduce_scatter, start, finish, all_gather, **kwargs)
+
+        def rs(seg, part):
+            mark(("rs>", k))
+            reduce_scatter(seg, part)
+            mark(("rs<", k))
+
+        def ag(part, seg):
+            all_gather(part, seg)
+            mark(("ag<", k))
+        return pipelined(x, local_world, segment_numel, rs, start, finish, ag, **kwargs)
 
     transports.all_reduce_pipelined = traced_pipelined
     engine_call = backend.HostsEngine.__call__
@@ -115,11 +127,16 @@ def step_phases(ranks: list[list], bound_ms: float) -> dict:
             firsts = [next(t for t, n in m if n == ["posted", k]) for m in ranks]
             lasts = [[t for t, n in m if n == ["arrived", k]][-1] for m in ranks]
             buckets.append((max(firsts), max(lasts)))
+        first_rs = [[(t, n[0]) for t, n in m if n in (["rs>", 0], ["rs<", 0])][:2] for m in ranks]
+        last_ag = max([t for t, n in m if n == ["ag<", len(buckets) - 1]][-1] for m in ranks)
         phases.update({
             "ready": (max(m[i[0]][0] for m, i in zip(ranks, calls)) - t0) * 1e3,
+            "first rs start": (max(r[0][0] for r in first_rs) - t0) * 1e3,
+            "first rs end": (max(r[1][0] for r in first_rs) - t0) * 1e3,
             "link start": (buckets[0][0] - t0) * 1e3,
             "link span": (buckets[-1][1] - buckets[0][0]) * 1e3, "link bound": bound_ms,
             "gaps": sum(max(0.0, b[0] - a[1]) for a, b in zip(buckets, buckets[1:])) * 1e3,
+            "last ag": (last_ag - buckets[-1][1]) * 1e3,
             "after link": (last("backward") - buckets[-1][1]) * 1e3,
             "optimizer": (last("end") - last("backward")) * 1e3, "buckets": len(buckets)})
     return phases

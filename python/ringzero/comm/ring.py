@@ -11,6 +11,19 @@ early into a buffer that the collective still reads (all_reduce: a chunk this ra
 step) is safe: the bytes that land there are the slice's final value, which exists only after this
 rank's own send of that slice has gone round the ring. Measured in the host lab (benchmarks/RESULTS.md, issue 36): the step-by-step
 ring left the link idle between steps and reached 75-77% of a 1 Gbit/s link with 1 MiB slices.
+
+[Note: two members exchange] A SUM all-reduce of two members (two hosts' ring, or two ranks) sends the same
+bytes as the ring's two steps when each member sends its whole buffer at once and adds what it receives: the
+ring sends half, folds, then sends the folded half; the exchange sends both halves at the start. So nothing on
+the link waits for a fold: the ring's second half could go only once the thread finishing the call had woken
+and folded the first, and in the hierarchical pipeline, where one thread finishes the segments in order, a
+segment's second half waited for the previous segment to land. Both members compute mine + theirs, which is
+bitwise theirs + mine (IEEE addition commutes), so they hold the same result, and it is the ring's. Its cost
+is a staging buffer of the whole message instead of half of it, so it is taken up to EXCHANGE_MAX_BYTES (the
+pipeline's parts are at most 2 MiB); MIN and MAX keep the ring (which operand a NaN comparison returns depends
+on their order). A slice of the buffer is folded only once its own send has completed (gloo reads the buffer
+until then). In the lab, stock DDP's 16.8 MB of gradients crossed in 145-147 ms against 152-165 with the
+ring (benchmarks/RESULTS.md, "Two members exchange").
 """
 from __future__ import annotations
 
@@ -23,6 +36,10 @@ import torch.distributed as dist
 from .. import _C
 from .errors import CommError, CommTimeout
 from .types import ReduceOp
+
+
+EXCHANGE_MAX_BYTES = 16 << 20
+"""The largest all-reduce of a two-member ring that exchanges whole buffers ([Note: two members exchange])."""
 
 
 class DistLink:
@@ -51,6 +68,9 @@ class BackendLink:
 
     def irecv(self, t: torch.Tensor, peer: int, tag: int):
         return self.backend.recv([t], peer, tag)
+
+
+EXCHANGE = "exchange"  # all_reduce_start's state for [Note: two members exchange]
 
 
 class P2PRing:
@@ -122,7 +142,8 @@ class P2PRing:
     # ---- collectives ------------------------------------------------------------------------------
     def all_reduce(self, x: torch.Tensor, op: ReduceOp, divisor: int = 1):
         """In place. Ring reduce-scatter (n-1 steps) then ring all-gather (n-1 steps); each rank
-        sends and receives 2(n-1)/n of the buffer. op is SUM/MIN/MAX/PRODUCT; divisor applies AVG.
+        sends and receives 2(n-1)/n of the buffer. op is SUM/MIN/MAX/PRODUCT; divisor applies AVG. Two
+        members summing up to EXCHANGE_MAX_BYTES exchange whole buffers instead ([Note: two members exchange]).
 
         Pipelined by slice across all 2(n-1) steps ([Note: the slice pipeline]): every receive is posted
         at the start, and a slice goes on to the next step as soon as it has been folded (reduce-scatter)
@@ -141,6 +162,11 @@ class P2PRing:
             if divisor > 1:
                 _C.reduce_(x, [x], int(ReduceOp.SUM), divisor)
             return None
+        if n == 2 and op == ReduceOp.SUM and x.numel() * x.element_size() <= EXCHANGE_MAX_BYTES:
+            theirs = torch.empty_like(x)  # [Note: two members exchange]
+            recvs = [self.link.irecv(p, self.left, tag) for p in self._slices(theirs)]
+            sends = [self.link.isend(p, self.right, tag) for p in self._slices(x)]
+            return EXCHANGE, x, theirs, recvs, sends, op, divisor
         chunks = list(x.tensor_split(n))
         # Step s < n-1 (reduce-scatter) sends chunk pos-s and folds chunk pos-s-1 into itself from a
         # staging buffer; step s >= n-1 (all-gather step t = s-n+1) sends chunk pos+1-t and receives chunk
@@ -162,6 +188,13 @@ class P2PRing:
     def all_reduce_finish(self, state):
         """all_reduce's second half: folds and forwards each slice as it lands; returns when done."""
         if state is None:
+            return
+        if state[0] is EXCHANGE:
+            _, x, theirs, recvs, sends, op, divisor = state
+            for mine, got, got_work, sent_work in zip(self._slices(x), self._slices(theirs), recvs, sends):
+                self._wait(got_work, self.left)
+                self._wait(sent_work, self.right)  # gloo reads this slice of x until its send completes
+                self._fold(mine, got, op, divisor)
             return
         chunks, recv_chunk, staging, recvs, sends, op, divisor, tag = state
         n = self.n
