@@ -95,6 +95,17 @@ class ShmComm {
   void all_gather(const void* in, void* out, size_t count, DType dtype);
   // in: counts[rank] elements, out: sum(counts) elements, rank q's block at sum(counts[:q]).
   void all_gather_v(const void* in, void* out, const std::vector<size_t>& counts, DType dtype);
+  // in: sum(send_counts) elements, block q (send_counts[q]) for rank q, in rank order; out:
+  // sum(recv_counts) elements, rank q's block for this rank (recv_counts[q]) at sum(recv_counts[:q]).
+  // Rank q's send_counts[p] must equal rank p's recv_counts[q]: otherwise every rank raises
+  // CollectiveMismatchError naming the pair. `in` and `out` must not overlap. [Note: the all-to-all's
+  // count table] in shm_alltoall.cpp.
+  void all_to_all_v(const void* in, void* out, const std::vector<size_t>& send_counts,
+                    const std::vector<size_t>& recv_counts, DType dtype);
+  // in: count elements; only root's out (nranks * count elements, rank order) is written.
+  void gather(const void* in, void* out, size_t count, DType dtype, int root);
+  // root's in: nranks * count elements, block q for rank q; every rank's out: count elements.
+  void scatter(const void* in, void* out, size_t count, DType dtype, int root);
   void broadcast(void* buf, size_t count, DType dtype, int root);
   // Only `root`'s out is written.
   void reduce(const void* in, void* out, size_t count, DType dtype, ReduceOp op, int root);
@@ -220,6 +231,10 @@ class ShmComm {
   void all_gather_registered(const ShmWindow& w, const char* in, char* out, size_t count, DType dtype);
   void reduce_scatter_registered(const ShmWindow& w, const char* in, char* out, size_t count, DType dtype, ReduceOp op);
   void all_reduce_registered(const ShmWindow& w, char* x, size_t count, DType dtype, ReduceOp op);
+  // Single copy's vote, at the first call that could use it, on every rank together: this rank reads a few
+  // bytes at peer_addr[q] of every peer q (unless set_single_copy(false)), publishes the verdict, and all
+  // read all; sets single_copy_ (On only if every rank could) and returns whether it is on. One phase.
+  bool vote_single_copy(const std::vector<uint64_t>& peer_addr, size_t probe_bytes);
   // Copies `bytes` from address `src` of local rank q's process into `dst` (process_vm_readv).
   void read_peer(int q, void* dst, uint64_t src, size_t bytes);
   enum class SingleCopy : int32_t { Untested = 0, On = 1, Off = 2 };

@@ -146,21 +146,9 @@ bool ShmComm::all_gather_single_copy(const char* in, char* out, size_t count, si
   wait_all(phase_);
   check_fingerprints(k);
   if (single_copy_ == SingleCopy::Untested) {
-    bool ok = single_copy_allowed_;  // a rank that does not allow it votes no without trying
-    char probe[64];
-    for (int q = 0; q < nranks_ && ok; ++q) {
-      if (q == rank_) continue;
-      iovec local{probe, std::min(block, sizeof(probe))};
-      iovec remote{reinterpret_cast<void*>(control(q)->xaddr.load(std::memory_order_relaxed)), local.iov_len};
-      ok = process_vm_readv(header()->pids[q].load(), &local, 1, &remote, 1, 0) == static_cast<ssize_t>(local.iov_len);
-    }
-    me->xverdict.store(ok ? 1 : 2, std::memory_order_relaxed);
-    signal();
-    wait_all(phase_);
-    bool all = true;
-    for (int q = 0; q < nranks_; ++q) all = all && control(q)->xverdict.load(std::memory_order_relaxed) == 1;
-    single_copy_ = all ? SingleCopy::On : SingleCopy::Off;
-    if (!all) {
+    std::vector<uint64_t> inputs(nranks_);
+    for (int q = 0; q < nranks_; ++q) inputs[q] = control(q)->xaddr.load(std::memory_order_relaxed);
+    if (!vote_single_copy(inputs, block)) {
       end_slice(k);
       return false;
     }

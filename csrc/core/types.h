@@ -27,9 +27,10 @@ enum class CollectiveKind : int32_t {
   Barrier = 0, AllReduce = 1, ReduceScatter = 2, AllGather = 3, AllGatherV = 4, Broadcast = 5, Reduce = 6,
   // On tensors from ringzero.empty, read from the peers directly ([Note: registered tensors], shm_window.cpp),
   // and the allocation itself.
-  AllReduceRegistered = 7, ReduceScatterRegistered = 8, AllGatherRegistered = 9, CreateWindow = 10
+  AllReduceRegistered = 7, ReduceScatterRegistered = 8, AllGatherRegistered = 9, CreateWindow = 10,
+  AllToAll = 11, Gather = 12, Scatter = 13
 };
-constexpr int kNumCollectiveKinds = 11;
+constexpr int kNumCollectiveKinds = 14;
 
 inline size_t dtype_size(DType t) {
   switch (t) {
@@ -64,7 +65,8 @@ inline const char* collective_name(CollectiveKind kind) {
   static const char* names[] = {"barrier",        "all_reduce",     "reduce_scatter",
                                 "all_gather",     "all_gather_v",   "broadcast",
                                 "reduce",         "all_reduce_registered", "reduce_scatter_registered",
-                                "all_gather_registered", "create_window"};
+                                "all_gather_registered", "create_window", "all_to_all",
+                                "gather",         "scatter"};
   int i = static_cast<int>(kind);
   return (i >= 0 && i < kNumCollectiveKinds) ? names[i] : "unknown";
 }

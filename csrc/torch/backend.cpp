@@ -365,34 +365,6 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::allgather_coalesced(std::vector<
       ->allgather_coalesced(outputs, inputs, opts));
 }
 
-c10::intrusive_ptr<c10d::Work> RingzeroBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
-                                                       std::vector<at::Tensor>& inputs,
-                                                       const c10d::GatherOptions& opts) {
-  return track(route(first(inputs, "gather").device(), "gather", false)->gather(outputs, inputs, opts));
-}
-
-c10::intrusive_ptr<c10d::Work> RingzeroBackend::scatter(std::vector<at::Tensor>& outputs,
-                                                        std::vector<std::vector<at::Tensor>>& inputs,
-                                                        const c10d::ScatterOptions& opts) {
-  auto* inner = route(first(outputs, "scatter").device(), "scatter", false);
-  check_contiguous_for_inner(outputs, "scatter", "output tensor");
-  return track(inner->scatter(outputs, inputs, opts));
-}
-
-c10::intrusive_ptr<c10d::Work> RingzeroBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
-                                                              std::vector<int64_t>& output_splits,
-                                                              std::vector<int64_t>& input_splits,
-                                                              const c10d::AllToAllOptions& opts) {
-  auto* inner = route(output.device(), "alltoall_base", false);
-  return track(inner->alltoall_base(output, input, output_splits, input_splits, opts));
-}
-
-c10::intrusive_ptr<c10d::Work> RingzeroBackend::alltoall(std::vector<at::Tensor>& outputs,
-                                                         std::vector<at::Tensor>& inputs,
-                                                         const c10d::AllToAllOptions& opts) {
-  return track(route(first(outputs, "alltoall").device(), "alltoall", false)->alltoall(outputs, inputs, opts));
-}
-
 void RingzeroBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {
   // gloo's monitored barrier names the ranks that did not arrive; that is what the caller wants.
   count(false, c10::DeviceType::CPU, "monitoredBarrier");

@@ -127,6 +127,24 @@ class HostsComm {
     if (rank_ == root && in != out) x.copy_(src);
     call("reduce", {x}, {root, static_cast<int64_t>(op)});
   }
+  void all_to_all_v(const void* in, void* out, const std::vector<size_t>& send_counts,
+                    const std::vector<size_t>& recv_counts, DType dtype) {
+    const size_t sent = std::accumulate(send_counts.begin(), send_counts.end(), size_t{0});
+    const size_t received = std::accumulate(recv_counts.begin(), recv_counts.end(), size_t{0});
+    std::vector<int64_t> args(send_counts.begin(), send_counts.end());
+    args.insert(args.end(), recv_counts.begin(), recv_counts.end());
+    call("all_to_all", {view(out, received, dtype), view(const_cast<void*>(in), sent, dtype)}, args);
+  }
+  // Only root's out (size_ * count elements) is written; the others pass an empty one.
+  void gather(const void* in, void* out, size_t count, DType dtype, int root) {
+    call("gather", {view(out, rank_ == root ? count * size_ : 0, dtype), view(const_cast<void*>(in), count, dtype)},
+         {root});
+  }
+  // Only root's in (size_ * count elements) is read.
+  void scatter(const void* in, void* out, size_t count, DType dtype, int root) {
+    call("scatter", {view(out, count, dtype), view(const_cast<void*>(in), rank_ == root ? count * size_ : 0, dtype)},
+         {root});
+  }
   void barrier() { call("barrier", {}, {}); }
 
  private:

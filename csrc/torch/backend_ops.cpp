@@ -391,6 +391,178 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::reduce_scatter(std::vector<at::T
   });
 }
 
+// The block movers (all-to-all, gather, scatter) run on our kernels for CPU tensors only (the CUDA lane has
+// none yet: CUDA tensors go to the inner NCCL). Their bodies therefore never meet a CudaComm.
+template <class Comm>
+constexpr bool kMovesBlocks = !std::is_base_of_v<CudaComm, std::decay_t<Comm>>;
+
+namespace {
+
+// Element counts of the blocks of an all_to_all_single along dim 0: `splits` rows each (even: size(0) /
+// world rows each) of `t`'s rows; `what` names the tensor and its argument in messages.
+std::vector<size_t> block_counts(const at::Tensor& t, const std::vector<int64_t>& splits, int world, const char* what,
+                                 const char* arg) {
+  const int64_t rows = t.dim() == 0 ? 1 : t.size(0);
+  const int64_t row = rows == 0 ? 0 : t.numel() / rows;
+  std::vector<size_t> counts;
+  if (splits.empty()) {
+    TORCH_CHECK_VALUE(rows % world == 0, "ringzero all_to_all_single: ", what, "'s first dimension (", rows,
+                      ") is not divisible by the world size ", world, "; pass ", arg);
+    counts.assign(world, static_cast<size_t>(rows / world * row));
+    return counts;
+  }
+  TORCH_CHECK_VALUE(static_cast<int>(splits.size()) == world, "ringzero all_to_all_single: ", arg, " has ",
+                    splits.size(), " entries but the group has ", world, " ranks");
+  int64_t sum = 0;
+  for (int64_t s : splits) {
+    TORCH_CHECK_VALUE(s >= 0, "ringzero all_to_all_single: ", arg, " holds a negative size (", s, ")");
+    sum += s;
+    counts.push_back(static_cast<size_t>(s * row));
+  }
+  TORCH_CHECK_VALUE(sum == rows, "ringzero all_to_all_single: ", arg, " sums to ", sum, " but ", what,
+                    "'s first dimension is ", rows);
+  return counts;
+}
+
+}  // namespace
+
+c10::intrusive_ptr<c10d::Work> RingzeroBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                              std::vector<int64_t>& output_splits,
+                                                              std::vector<int64_t>& input_splits,
+                                                              const c10d::AllToAllOptions& opts) {
+  same_kind(input, output, "all_to_all_single", "output");
+  const bool ok = input.is_cpu() && dense(input) && dense(output);
+  if (auto* inner = route(output.device(), "alltoall_base", ok))
+    return track(inner->alltoall_base(output, input, output_splits, input_splits, opts));
+  const int64_t in_row = input.dim() == 0 || input.size(0) == 0 ? 0 : input.numel() / input.size(0);
+  const int64_t out_row = output.dim() == 0 || output.size(0) == 0 ? 0 : output.numel() / output.size(0);
+  TORCH_CHECK_VALUE(in_row == 0 || out_row == 0 || in_row == out_row, "ringzero all_to_all_single: a row of the input ",
+                    "holds ", in_row, " elements but a row of the output ", out_row, "; give both the same shape past dim 0");
+  const std::vector<size_t> send = block_counts(input, input_splits, getSize(), "input", "input_split_sizes");
+  const std::vector<size_t> recv = block_counts(output, output_splits, getSize(), "output", "output_split_sizes");
+  return submit(input.device(), c10d::OpType::ALLTOALL_BASE, {output}, {input}, call_opts(opts),
+                [output, input, send, recv](auto& c) {
+    if constexpr (kMovesBlocks<decltype(c)>) {
+      const Elements e = movement(input);
+      std::vector<size_t> s = send, r = recv;
+      for (auto& x : s) x *= e.per_element;
+      for (auto& x : r) x *= e.per_element;
+      at::Tensor in = input.contiguous();
+      at::Tensor out = writable(output);
+      c.all_to_all_v(in.data_ptr(), out.data_ptr(), s, r, e.dtype);
+      write_back(output, out);
+    }
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> RingzeroBackend::alltoall(std::vector<at::Tensor>& outputs,
+                                                         std::vector<at::Tensor>& inputs,
+                                                         const c10d::AllToAllOptions& opts) {
+  TORCH_CHECK_VALUE(static_cast<int>(outputs.size()) == getSize() && static_cast<int>(inputs.size()) == getSize(),
+                    "ringzero all_to_all: output_tensor_list and input_tensor_list must hold world_size = ", getSize(),
+                    " tensors each (got ", outputs.size(), " and ", inputs.size(), ")");
+  bool ok = true;
+  std::vector<size_t> send, recv;
+  for (int q = 0; q < getSize(); ++q) {
+    same_kind(inputs[0], inputs[q], "all_to_all", "a tensor of input_tensor_list");
+    same_kind(inputs[0], outputs[q], "all_to_all", "a tensor of output_tensor_list");
+    ok = ok && inputs[q].is_cpu() && dense(inputs[q]) && dense(outputs[q]);
+    send.push_back(static_cast<size_t>(inputs[q].numel()));
+    recv.push_back(static_cast<size_t>(outputs[q].numel()));
+  }
+  if (auto* inner = route(inputs[0].device(), "alltoall", ok)) return track(inner->alltoall(outputs, inputs, opts));
+  return submit(inputs[0].device(), c10d::OpType::ALLTOALL, outputs, inputs, call_opts(opts),
+                [outputs, inputs, send, recv](auto& c) {
+    if constexpr (kMovesBlocks<decltype(c)>) {
+      const Elements e = movement(inputs[0]);
+      std::vector<size_t> s = send, r = recv;
+      for (auto& x : s) x *= e.per_element;
+      for (auto& x : r) x *= e.per_element;
+      at::Tensor in = flat_cat(inputs);
+      size_t total = 0;
+      for (size_t x : recv) total += x;
+      at::Tensor flat = at::empty({static_cast<int64_t>(total)}, inputs[0].options());
+      c.all_to_all_v(in.data_ptr(), flat.data_ptr(), s, r, e.dtype);
+      split_into(flat, outputs);
+    }
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> RingzeroBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                       std::vector<at::Tensor>& inputs,
+                                                       const c10d::GatherOptions& opts) {
+  const at::Tensor& input = single(inputs, "gather", "tensor");
+  TORCH_CHECK_VALUE(opts.rootRank >= 0 && opts.rootRank < getSize(), "ringzero gather: root rank ", opts.rootRank,
+                    " is outside the group of size ", getSize());
+  const int root = static_cast<int>(opts.rootRank);
+  bool ok = input.is_cpu() && dense(input);
+  std::vector<at::Tensor> outs;
+  if (getRank() == root) {
+    TORCH_CHECK_VALUE(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == getSize(),
+                      "ringzero gather: gather_list on the root must hold world_size = ", getSize(), " tensors");
+    outs = outputs[0];
+    for (const auto& o : outs) {
+      same_kind(input, o, "gather", "a tensor of gather_list");
+      TORCH_CHECK_VALUE(o.numel() == input.numel(), "ringzero gather: a tensor of gather_list has ", o.numel(),
+                        " elements but the input has ", input.numel(), "; gather takes tensors of one size");
+      ok = ok && dense(o);
+    }
+  } else {
+    TORCH_CHECK_VALUE(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()),
+                      "ringzero gather: gather_list must be empty (None) on a rank other than the root");
+  }
+  if (auto* inner = route(input.device(), "gather", ok)) return track(inner->gather(outputs, inputs, opts));
+  return submit(input.device(), c10d::OpType::GATHER, outs, {input}, call_opts(opts), [outs, input, root](auto& c) {
+    if constexpr (kMovesBlocks<decltype(c)>) {
+      const Elements e = movement(input);
+      at::Tensor in = input.contiguous();
+      const bool is_root = c.rank() == root;
+      at::Tensor flat = is_root ? at::empty({in.numel() * static_cast<int64_t>(outs.size())}, input.options())
+                                : at::empty({0}, input.options());
+      c.gather(in.data_ptr(), flat.data_ptr(), in.numel() * e.per_element, e.dtype, root);
+      if (is_root) split_into(flat, outs);
+    }
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> RingzeroBackend::scatter(std::vector<at::Tensor>& outputs,
+                                                        std::vector<std::vector<at::Tensor>>& inputs,
+                                                        const c10d::ScatterOptions& opts) {
+  const at::Tensor& output = single(outputs, "scatter", "tensor");
+  TORCH_CHECK_VALUE(opts.rootRank >= 0 && opts.rootRank < getSize(), "ringzero scatter: root rank ", opts.rootRank,
+                    " is outside the group of size ", getSize());
+  const int root = static_cast<int>(opts.rootRank);
+  bool ok = output.is_cpu() && dense(output);
+  std::vector<at::Tensor> ins;
+  if (getRank() == root) {
+    TORCH_CHECK_VALUE(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == getSize(),
+                      "ringzero scatter: scatter_list on the root must hold world_size = ", getSize(), " tensors");
+    ins = inputs[0];
+    for (const auto& i : ins) {
+      same_kind(output, i, "scatter", "a tensor of scatter_list");
+      TORCH_CHECK_VALUE(i.numel() == output.numel(), "ringzero scatter: a tensor of scatter_list has ", i.numel(),
+                        " elements but the output has ", output.numel(), "; scatter takes tensors of one size");
+      ok = ok && dense(i);
+    }
+  } else {
+    TORCH_CHECK_VALUE(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()),
+                      "ringzero scatter: scatter_list must be empty (None) on a rank other than the root");
+  }
+  if (auto* inner = route(output.device(), "scatter", ok)) {
+    check_contiguous_for_inner(outputs, "scatter", "output tensor");
+    return track(inner->scatter(outputs, inputs, opts));
+  }
+  return submit(output.device(), c10d::OpType::SCATTER, {output}, ins, call_opts(opts), [output, ins, root](auto& c) {
+    if constexpr (kMovesBlocks<decltype(c)>) {
+      const Elements e = movement(output);
+      at::Tensor in = c.rank() == root ? flat_cat(ins) : at::empty({0}, output.options());
+      at::Tensor out = writable(output);
+      c.scatter(in.data_ptr(), out.data_ptr(), out.numel() * e.per_element, e.dtype, root);
+      write_back(output, out);
+    }
+  });
+}
+
 c10::intrusive_ptr<c10d::Work> RingzeroBackend::send(std::vector<at::Tensor>& tensors, int dst, int tag) {
   const at::Tensor& t = single(tensors, "send");
   TORCH_CHECK_VALUE(dst >= 0 && dst < getSize() && dst != getRank(), "ringzero send: dst ", dst,

@@ -330,6 +330,47 @@ PYBIND11_MODULE(_C, m) {
              py::gil_scoped_release nogil;
              c.all_gather_v(in.data_ptr(), out.data_ptr(), counts, d);
            })
+      .def("all_to_all_v",
+           [](ShmComm& c, at::Tensor in, at::Tensor out, std::vector<size_t> send_counts, std::vector<size_t> recv_counts) {
+             // Counts in elements of the flat tensors; [Note: the all-to-all's count table] (shm_alltoall.cpp).
+             const DType d = check_pair(in, out);
+             TORCH_CHECK_VALUE(static_cast<int>(send_counts.size()) == c.nranks() &&
+                                   static_cast<int>(recv_counts.size()) == c.nranks(),
+                               "send_counts and recv_counts need one entry per rank");
+             size_t sent = 0, received = 0;
+             for (size_t x : send_counts) sent += x;
+             for (size_t x : recv_counts) received += x;
+             TORCH_CHECK_VALUE(static_cast<size_t>(in.numel()) == sent, "input has ", in.numel(),
+                               " elements but sum(send_counts) = ", sent);
+             TORCH_CHECK_VALUE(static_cast<size_t>(out.numel()) == received, "output has ", out.numel(),
+                               " elements but sum(recv_counts) = ", received);
+             const char* i0 = static_cast<const char*>(in.data_ptr());
+             const char* o0 = static_cast<const char*>(out.data_ptr());
+             TORCH_CHECK_VALUE(in.numel() == 0 || out.numel() == 0 || o0 + out.nbytes() <= i0 || i0 + in.nbytes() <= o0,
+                               "output must not overlap input");
+             py::gil_scoped_release nogil;
+             c.all_to_all_v(in.data_ptr(), out.data_ptr(), send_counts, recv_counts, d);
+           })
+      .def("gather",
+           [](ShmComm& c, at::Tensor in, at::Tensor out, int root) {
+             // out: root's nranks * in.numel() elements; the others may pass any tensor of in's dtype.
+             const DType d = check_pair(in, out);
+             TORCH_CHECK_VALUE(root >= 0 && root < c.nranks(), "root ", root, " is outside the ", c.nranks(), " local ranks");
+             TORCH_CHECK_VALUE(c.rank() != root || out.numel() == in.numel() * c.nranks(),
+                               "the root's output must have world_size * input.numel() elements");
+             py::gil_scoped_release nogil;
+             c.gather(in.data_ptr(), out.data_ptr(), in.numel(), d, root);
+           })
+      .def("scatter",
+           [](ShmComm& c, at::Tensor in, at::Tensor out, int root) {
+             // in: root's nranks * out.numel() elements; the others may pass any tensor of out's dtype.
+             const DType d = check_pair(in, out);
+             TORCH_CHECK_VALUE(root >= 0 && root < c.nranks(), "root ", root, " is outside the ", c.nranks(), " local ranks");
+             TORCH_CHECK_VALUE(c.rank() != root || in.numel() == out.numel() * c.nranks(),
+                               "the root's input must have world_size * output.numel() elements");
+             py::gil_scoped_release nogil;
+             c.scatter(in.data_ptr(), out.data_ptr(), out.numel(), d, root);
+           })
       .def("broadcast",
            [](ShmComm& c, at::Tensor t, int root) {
              check_cpu(t, "tensor");

@@ -32,9 +32,10 @@ import torch.distributed as dist
 from .launch import launch
 from .timing import time_calls
 
-OPS = ("all_reduce", "reduce_scatter", "all_gather")
+OPS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
+DEFAULT_OPS = OPS[:3]
 BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n,
-              "all_gather": lambda n: (n - 1) / n}
+              "all_gather": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64,
           "int32": torch.int32, "int64": torch.int64}
 
@@ -169,6 +170,10 @@ def _calls(op: str, size: int, dtype, world: int, rank: int):
     if op == "reduce_scatter":
         return (count, lambda: ringzero.reduce_scatter_single(small, big),
                 lambda: torch_compat.reduce_scatter_single(small, big), (count + per) * es)
+    if op == "all_to_all":  # size: each rank's input (and output), even blocks, as nccl-tests' alltoall
+        out = torch.empty_like(big)
+        return (count, lambda: ringzero.all_to_all_single(out, big), lambda: dist.all_to_all_single(out, big),
+                2 * count * es)
     return (count, lambda: ringzero.all_gather_single(big, small),
             lambda: torch_compat.all_gather_single(big, small), (count + per) * es)
 
@@ -227,7 +232,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(prog="ringzero bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--nproc", type=int, default=2,
                    help="ranks to start when not under torchrun (default 2; on the CPU forked from a fork server)")
-    p.add_argument("--ops", default=",".join(OPS), help=f"comma-separated, from {', '.join(OPS)}")
+    p.add_argument("--ops", default=",".join(DEFAULT_OPS),
+                   help=f"comma-separated, from {', '.join(OPS)} (default: the first three)")
     p.add_argument("--min-bytes", type=parse_size, default=8)
     p.add_argument("--max-bytes", type=parse_size, default=256 << 20)
     p.add_argument("--factor", type=int, default=2, help="size multiplier between rows (default 2)")
@@ -248,6 +254,8 @@ def main(argv=None):
     bad = [o for o in args.ops if o not in OPS]
     if bad:
         p.error(f"unknown op(s) {bad}; choose from {', '.join(OPS)}")
+    if args.device == "cuda" and "all_to_all" in args.ops:
+        p.error("--ops all_to_all runs on CPU tensors only so far (ringzero's CUDA all-to-all is not bound yet)")
     if args.factor < 2:
         p.error("--factor must be at least 2")
     if args.min_bytes < 1 or args.max_bytes < args.min_bytes:

@@ -204,6 +204,159 @@ def reduce(tensor: torch.Tensor, dst: int | None = None, op=ReduceOp.SUM, group=
     return comm.run(lambda: comm.reduce(tensor, root, op_), async_op, tensor, "reduce", tensor)
 
 
+def _split_counts(t: torch.Tensor, splits, world: int, what: str, arg: str, rank: int, op: str) -> list[int]:
+    """Element counts of the world blocks of `t` along dim 0: `splits` rows each (None: equal blocks)."""
+    rows = t.shape[0] if t.dim() else 1
+    row = t.numel() // rows if rows else 0
+    if splits is None or len(splits) == 0:
+        if rows % world:
+            raise ValueError(f"ringzero.{op} on rank {rank}: {what}'s first dimension ({rows}) is not divisible by the "
+                             f"world size {world}; pass {arg}")
+        return [rows // world * row] * world
+    try:
+        splits = [int(x) for x in splits]
+    except (TypeError, ValueError):
+        raise TypeError(f"ringzero.{op} on rank {rank}: {arg} must be a sequence of ints, got {splits!r}") from None
+    if len(splits) != world or any(x < 0 for x in splits):
+        raise ValueError(f"ringzero.{op} on rank {rank}: {arg} must hold {world} non-negative sizes (one per rank), "
+                         f"got {splits}")
+    if sum(splits) != rows:
+        raise ValueError(f"ringzero.{op} on rank {rank}: {arg} {splits} sums to {sum(splits)} but {what}'s first "
+                         f"dimension is {rows}")
+    return [x * row for x in splits]
+
+
+def _check_cpu(t: torch.Tensor, arg: str, op: str):
+    if t.device.type != "cpu":
+        raise ValueError(f"ringzero.{op}: {arg} is on {t.device}; ringzero's {op} takes CPU tensors (CUDA: use "
+                         f"torch.distributed.{op} on an NCCL group)")
+
+
+def _disjoint(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.numel() == 0 or b.numel() == 0:
+        return True
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 + a.numel() * a.element_size() <= b0 or b0 + b.numel() * b.element_size() <= a0
+
+
+def all_to_all_single(output: torch.Tensor, input: torch.Tensor, output_split_sizes=None, input_split_sizes=None,
+                      group=None, async_op: bool = False):
+    """torch.distributed.all_to_all_single: input's first dimension splits into world blocks
+    (input_split_sizes rows each, None: equal blocks), block p goes to group rank p; output receives, in rank
+    order, every rank's block for this rank (output_split_sizes rows from each). Rank q's
+    input_split_sizes[p] must equal rank p's output_split_sizes[q]: otherwise every rank raises
+    CollectiveMismatch naming the pair. CPU tensors of one dtype, rows of one shape; output must not overlap
+    input. Every rank of the group calls it."""
+    op = "all_to_all_single"
+    _check_pair(output, "output", input, "input", op)
+    _check_cpu(input, "input", op)
+    comm = _comm(group, op)
+    if comm is None:
+        return None
+    world, rank = comm.world, comm.rank
+    send = _split_counts(input, input_split_sizes, world, "input", "input_split_sizes", rank, op)
+    recv = _split_counts(output, output_split_sizes, world, "output", "output_split_sizes", rank, op)
+    if input.dim() and output.dim() and input.shape[1:] != output.shape[1:] and input.numel() and output.numel():
+        raise ValueError(f"ringzero.{op}: input rows have shape {tuple(input.shape[1:])} but output rows "
+                         f"{tuple(output.shape[1:])}; give both the same shape past dim 0")
+    if not _disjoint(output, input):
+        raise ValueError(f"ringzero.{op}: output must not overlap input; allocate a separate output")
+    return comm.run(lambda: comm.all_to_all(output.view(-1), input.view(-1), send, recv), async_op, output,
+                    "all_to_all", output, inputs=(input,))
+
+
+def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op: bool = False):
+    """torch.distributed.all_to_all: input_tensor_list[p] goes to group rank p, output_tensor_list[q] receives
+    rank q's tensor for this rank (sizes may differ per pair; rank q's input_tensor_list[p] must have as many
+    elements as rank p's output_tensor_list[q]). CPU tensors of one dtype."""
+    op = "all_to_all"
+    comm = _comm(group, op)
+    if comm is None:
+        return None
+    world = comm.world
+    outs, ins = list(output_tensor_list), list(input_tensor_list)
+    if len(outs) != world or len(ins) != world:
+        raise ValueError(f"ringzero.{op}: output_tensor_list and input_tensor_list must hold world_size = {world} "
+                         f"tensors each (got {len(outs)} and {len(ins)})")
+    for i, (o, t) in enumerate(zip(outs, ins)):
+        _check_pair(o, f"output_tensor_list[{i}]", t, f"input_tensor_list[{i}]", op)
+        _check_pair(t, f"input_tensor_list[{i}]", ins[0], "input_tensor_list[0]", op)
+        _check_cpu(t, f"input_tensor_list[{i}]", op)
+    send, recv = [t.numel() for t in ins], [o.numel() for o in outs]
+
+    def body():
+        flat_in = torch.cat([t.reshape(-1) for t in ins])
+        flat_out = torch.empty(sum(recv), dtype=ins[0].dtype)
+        comm.all_to_all(flat_out, flat_in, send, recv)
+        for o, piece in zip(outs, flat_out.split(recv)):
+            o.copy_(piece.view(o.shape))
+
+    return comm.run(body, async_op, None, "all_to_all", ins[0])
+
+
+def gather(tensor: torch.Tensor, gather_list=None, dst: int | None = None, group=None, async_op: bool = False,
+           group_dst: int | None = None):
+    """torch.distributed.gather: rank `dst` (global; or group_dst in `group`; neither: global rank 0) gets
+    every rank's `tensor` in gather_list (world tensors of tensor's size, in rank order); the other ranks pass
+    gather_list=None. CPU tensors."""
+    op = "gather"
+    _check_tensor(tensor, "tensor", op)
+    _check_cpu(tensor, "tensor", op)
+    comm = _comm(group, op)
+    if comm is None:
+        return None
+    root = _group_rank_of(comm, 0 if dst is None and group_dst is None else dst, group_dst, "dst", op)
+    outs = _root_list(gather_list, "gather_list", tensor, comm, root, op)
+
+    def body():
+        flat = torch.empty(tensor.numel() * comm.world if outs else 0, dtype=tensor.dtype)
+        comm.gather(flat, tensor.view(-1), root)
+        for o, piece in zip(outs, flat.split(tensor.numel()) if outs else ()):
+            o.copy_(piece.view(o.shape))
+
+    return comm.run(body, async_op, None, op, tensor)
+
+
+def scatter(tensor: torch.Tensor, scatter_list=None, src: int | None = None, group=None, async_op: bool = False,
+            group_src: int | None = None):
+    """torch.distributed.scatter: every rank's `tensor` gets its tensor of rank `src`'s scatter_list (world
+    tensors of tensor's size; global src, or group_src in `group`; neither: global rank 0); the other ranks
+    pass scatter_list=None. CPU tensors."""
+    op = "scatter"
+    _check_tensor(tensor, "tensor", op)
+    _check_cpu(tensor, "tensor", op)
+    comm = _comm(group, op)
+    if comm is None:
+        return None
+    root = _group_rank_of(comm, 0 if src is None and group_src is None else src, group_src, "src", op)
+    ins = _root_list(scatter_list, "scatter_list", tensor, comm, root, op)
+
+    def body():
+        flat = torch.cat([t.reshape(-1) for t in ins]) if ins else torch.empty(0, dtype=tensor.dtype)
+        comm.scatter(tensor.view(-1), flat, root)
+
+    return comm.run(body, async_op, tensor, op, tensor)
+
+
+def _root_list(tensors, arg: str, tensor: torch.Tensor, comm, root: int, op: str) -> list:
+    """The root's list of world tensors like `tensor` (checked); [] on the other ranks, which pass None."""
+    if comm.rank != root:
+        if tensors:
+            raise ValueError(f"ringzero.{op}: {arg} must be None on rank {comm.rank} of the group, which is not the "
+                             f"root ({root})")
+        return []
+    tensors = list(tensors or [])
+    if len(tensors) != comm.world:
+        raise ValueError(f"ringzero.{op}: {arg} on the root must hold world_size = {comm.world} tensors, got "
+                         f"{len(tensors)}")
+    for i, t in enumerate(tensors):
+        _check_pair(t, f"{arg}[{i}]", tensor, "tensor", op)
+        if t.numel() != tensor.numel():
+            raise ValueError(f"ringzero.{op}: {arg}[{i}] has {t.numel()} elements but tensor has {tensor.numel()}; "
+                             f"{op} takes tensors of one size")
+    return tensors
+
+
 def barrier(group=None, async_op: bool = False):
     """Returns once every rank of `group` has entered the barrier."""
     comm = _comm(group, "barrier")
@@ -214,5 +367,5 @@ def barrier(group=None, async_op: bool = False):
 
 __all__ = [
     "all_reduce", "reduce_scatter_single", "reduce_scatter_tensor", "all_gather_single", "all_gather_into_tensor",
-    "all_gather_v", "broadcast", "reduce", "barrier", "Work",
+    "all_gather_v", "broadcast", "reduce", "barrier", "all_to_all_single", "all_to_all", "gather", "scatter", "Work",
 ]

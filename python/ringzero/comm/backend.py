@@ -73,6 +73,9 @@ class HostsEngine:
       broadcast       [x]              [root]
       reduce          [x]              [root, reduce op]    the result lands on root
       barrier         []               []
+      all_to_all      [out, inp]       send counts, then receive counts (elements, one per rank each)
+      gather          [out, inp]       [root]               out: root's world * inp.numel(), else empty
+      scatter         [out, inp]       [root]               inp: root's world * out.numel(), else empty
       flush           []               []                   runs a tail left by the last all_reduce
 
     An all_reduce that the backend may let finish later gets a fourth argument, its _C.DeferredCall: the
@@ -130,6 +133,13 @@ def run_engine_op(t, op: str, tensors: list, args: list, call=None):
         t.reduce(tensors[0], args[0], ReduceOp(args[1]))
     elif op == "barrier":
         t.barrier()
+    elif op == "all_to_all":
+        half = len(args) // 2
+        t.all_to_all(tensors[0], tensors[1], list(args[:half]), list(args[half:]))
+    elif op == "gather":
+        t.gather(tensors[0], tensors[1], args[0])
+    elif op == "scatter":
+        t.scatter(tensors[0], tensors[1], args[0])
     else:
         raise ValueError(f"ringzero backend engine: unknown op {op!r}")
 

@@ -274,6 +274,18 @@ class Communicator:
         """Returns once every rank of the group has entered it."""
         self.transport.barrier()
 
+    def all_to_all(self, out: torch.Tensor, inp: torch.Tensor, send_counts: list[int], recv_counts: list[int]):
+        """out (flat) gets block `rank` of every rank's inp in rank order; counts in elements (CPU tensors)."""
+        self.transport.all_to_all(out, inp, send_counts, recv_counts)
+
+    def gather(self, out: torch.Tensor, inp: torch.Tensor, root: int):
+        """Group rank `root`'s out gets every rank's inp in rank order (CPU tensors)."""
+        self.transport.gather(out, inp, root)
+
+    def scatter(self, out: torch.Tensor, inp: torch.Tensor, root: int):
+        """Every rank's out gets its block of group rank `root`'s inp (CPU tensors)."""
+        self.transport.scatter(out, inp, root)
+
 
 _COMMS: dict[int, Communicator] = {}
 # id(group argument) -> Communicator, the api's per-call fast path (validated on every hit). Cleared

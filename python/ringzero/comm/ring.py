@@ -323,6 +323,18 @@ class P2PRing:
         for w in sends:
             self._wait(w, self.right)
 
+    def exchange(self, sends: list, recvs: list):
+        """Point-to-point with any members at once: sends is [(member position, tensor)], recvs likewise
+        (flat contiguous tensors; an empty one moves nothing). Every receive is posted first, then every
+        send; returns when all have completed. Messages between one pair go in order, so each side must
+        list its messages to a peer in the order the peer lists them."""
+        posted = [(self.members[p], w) for p, t in recvs for w in (self.link.irecv(piece, self.members[p], 0)
+                                                                  for piece in self._slices(t))]
+        posted += [(self.members[p], w) for p, t in sends for w in (self.link.isend(piece, self.members[p], 0)
+                                                                   for piece in self._slices(t))]
+        for peer, w in posted:
+            self._wait(w, peer)
+
     def barrier(self):
         """Dissemination barrier: ceil(log2 n) rounds of one-byte messages."""
         token_out, token_in = torch.zeros(1, dtype=torch.uint8), torch.zeros(1, dtype=torch.uint8)

@@ -2,7 +2,9 @@
 Communicator is made (communicator.py); each collective then calls its transport without asking again.
 
 Every transport takes the same calls: all_reduce(x, op), reduce_scatter(out, inp, op), all_gather(out,
-inp, counts=None), broadcast(x, root), reduce(x, root, op), barrier(), on contiguous CPU tensors already
+inp, counts=None), broadcast(x, root), reduce(x, root, op), barrier(), all_to_all(out, inp, send_counts,
+recv_counts) (element counts per rank), gather(out, inp, root), scatter(out, inp, root) (only root's out,
+resp. inp, is used: the others may pass an empty one), on contiguous CPU tensors already
 validated by the api (any shape: the shared-memory kernels use numel and data, the rings flatten them),
 called by every rank of the group in the same order. The CUDA transports (cuda.py) take the same calls.
 """
@@ -12,6 +14,7 @@ import concurrent.futures
 
 import torch
 
+from . import exchange
 from .errors import CollectiveMismatch
 from .hierarchical import (all_gather_pipelined, all_reduce_hierarchical, all_reduce_pipelined,
                            reduce_scatter_pipelined)
@@ -57,6 +60,15 @@ class Solo:
     def reduce(self, x: torch.Tensor, root: int, op: ReduceOp):
         pass
 
+    def all_to_all(self, out: torch.Tensor, inp: torch.Tensor, send_counts: list[int], recv_counts: list[int]):
+        out.view(-1).copy_(inp.view(-1))
+
+    def gather(self, out: torch.Tensor, inp: torch.Tensor, root: int):
+        out.view(-1).copy_(inp.view(-1))
+
+    def scatter(self, out: torch.Tensor, inp: torch.Tensor, root: int):
+        out.view(-1).copy_(inp.view(-1))
+
     def barrier(self):
         pass
 
@@ -85,6 +97,15 @@ class SharedMemory:
 
     def reduce(self, x: torch.Tensor, root: int, op: ReduceOp):
         self.shm.reduce(x, x, int(op), root)
+
+    def all_to_all(self, out: torch.Tensor, inp: torch.Tensor, send_counts: list[int], recv_counts: list[int]):
+        self.shm.all_to_all_v(inp, out, send_counts, recv_counts)
+
+    def gather(self, out: torch.Tensor, inp: torch.Tensor, root: int):
+        self.shm.gather(inp, out, root)
+
+    def scatter(self, out: torch.Tensor, inp: torch.Tensor, root: int):
+        self.shm.scatter(inp, out, root)
 
     def barrier(self):
         self.shm.barrier()
@@ -156,6 +177,17 @@ class NetworkRing:
         x = x.view(-1)
         self.begin("reduce", x, root=root, reduce_op=op).reduce(x, x, root, base, divisor)
 
+    def all_to_all(self, out: torch.Tensor, inp: torch.Tensor, send_counts: list[int], recv_counts: list[int]):
+        # The fingerprint (RINGZERO_DEBUG=1) of an empty tensor: the ranks' counts differ; exchange checks them.
+        ring = self.begin("all_to_all", inp[:0])
+        exchange.all_to_all_flat(ring, out.view(-1), inp.view(-1), send_counts, recv_counts, self.rank)
+
+    def gather(self, out: torch.Tensor, inp: torch.Tensor, root: int):
+        exchange.gather_flat(self.begin("gather", inp, root=root), out.view(-1), inp.view(-1), root, self.rank)
+
+    def scatter(self, out: torch.Tensor, inp: torch.Tensor, root: int):
+        exchange.scatter_flat(self.begin("scatter", out, root=root), out.view(-1), inp.view(-1), root, self.rank)
+
     def barrier(self):
         self.begin("barrier", torch.empty(0, dtype=torch.uint8)).barrier()
 
@@ -212,6 +244,13 @@ class Hierarchical(NetworkRing):
             shm.set_away([])
 
         all_reduce_hierarchical(x, self.local_world, reduce_scatter, cross, shm.all_gather)
+
+    def all_to_all(self, out: torch.Tensor, inp: torch.Tensor, send_counts: list[int], recv_counts: list[int]):
+        """Across hosts once per destination host, then through shared memory (exchange.py)."""
+        self.settle()
+        ring = self.begin("all_to_all", inp[:0])
+        exchange.all_to_all_hierarchical(ring, self.shm, self.hosts, out.view(-1), inp.view(-1), send_counts,
+                                         recv_counts, self.rank)
 
     def segment_numel(self, x: torch.Tensor) -> int:
         """Elements per segment of the pipelined all-reduce for x, or 0 where x is too small to cut in

@@ -1,0 +1,247 @@
+// The shared-memory collectives that move blocks between pairs of ranks and reduce nothing: all-to-all
+// (even and uneven, torch's all_to_all_single), gather and scatter. Same vocabulary as
+// shm_collectives.cpp (stage, meanwhile, wait, consume); the cost comments count bytes per rank.
+//
+// [Note: the all-to-all's count table]
+// Every rank of an all-to-all knows what it sends to each peer and what it expects from each, never the
+// whole matrix. Its first slice carries, at the head of the rank's slot, a header: the input's address,
+// a probe address for single copy, and the rank's send and receive counts (2n words). After that
+// slice's one wait every rank reads every header, so every rank holds the same n x n matrix and reaches
+// the same verdicts from it alone: whether the ranks agree (rank q's send[p] == rank p's recv[q] for all
+// pairs; otherwise every rank raises the same CollectiveMismatchError naming the first pair), how many
+// slices the exchange takes (the largest block over the slot's per-peer piece), and whether the blocks
+// are read from the peers' inputs directly (single copy). The first slice also carries each block's
+// first piece, so that an all-to-all of small blocks costs one synchronisation, like a one-shot.
+#include <algorithm>
+#include <cstring>
+#include <sstream>
+#include <sys/uio.h>
+
+#include "errors.h"
+#include "shm_placement.h"
+#include "shm_single_copy.h"
+#include "shm_slots.h"
+
+namespace ringzero {
+
+namespace {
+constexpr auto no_work = [](const auto&) {};
+
+// The header of an all-to-all's first slice ([Note: the all-to-all's count table]), in 64-bit words.
+constexpr size_t kA2AFixedWords = 2;  // the input's address, the probe address
+inline size_t a2a_header_bytes(int n) { return round_up((kA2AFixedWords + 2 * static_cast<size_t>(n)) * 8, 64); }
+
+// A few bytes every rank's process holds for the whole run: what a single-copy vote reads of its peers
+// when the all-to-all's own inputs may be empty.
+alignas(64) char single_copy_probe[64];
+}  // namespace
+
+bool ShmComm::vote_single_copy(const std::vector<uint64_t>& peer_addr, size_t probe_bytes) {
+  bool ok = single_copy_allowed_;  // a rank that does not allow it votes no without trying
+  char probe[64];
+  for (int q = 0; q < nranks_ && ok; ++q) {
+    if (q == rank_) continue;
+    iovec local{probe, std::min(probe_bytes, sizeof(probe))};
+    iovec remote{reinterpret_cast<void*>(peer_addr[q]), local.iov_len};
+    ok = process_vm_readv(header()->pids[q].load(), &local, 1, &remote, 1, 0) == static_cast<ssize_t>(local.iov_len);
+  }
+  control(rank_)->xverdict.store(ok ? 1 : 2, std::memory_order_relaxed);
+  signal();
+  wait_all(phase_);
+  bool all = true;
+  for (int q = 0; q < nranks_; ++q) all = all && control(q)->xverdict.load(std::memory_order_relaxed) == 1;
+  single_copy_ = all ? SingleCopy::On : SingleCopy::Off;
+  return all;
+}
+
+// All-to-all: the first slice exchanges the headers and each block's first piece; later slices stream
+// the rest of every block through the slots, each rank's slot cut in one piece per destination.
+// Staged, per rank: writes its input (less its own block) to shm once, reads every block it receives
+// once; one synchronisation per slice, the first one included (the blocks' first pieces ride with the
+// headers). Single copy (blocks of kSingleCopyMinBytes and more, where the ranks' vote allows it): the
+// first piece as staged, the rest read from the peers' inputs (process_vm_readv), then one more
+// synchronisation so that no rank returns while a peer still reads its input.
+// Invariant: every choice (the slices, single copy) is a function of the count matrix and of votes
+// that every rank reads alike, so the ranks never take different paths.
+void ShmComm::all_to_all_v(const void* in, void* out, const std::vector<size_t>& send_counts,
+                           const std::vector<size_t>& recv_counts, DType dtype) {
+  const int n = nranks_;
+  if (static_cast<int>(send_counts.size()) != n || static_cast<int>(recv_counts.size()) != n)
+    throw InvalidArgument("all_to_all: send_counts and recv_counts must hold one entry per rank (" +
+                          std::to_string(n) + ")");
+  OpGuard guard(this, CollectiveKind::AllToAll, dtype, ReduceOp::Sum, -1, 0);
+  const size_t es = dtype_size(dtype);
+  const char* input = static_cast<const char*>(in);
+  char* output = static_cast<char*>(out);
+  std::vector<size_t> sdispl(n + 1, 0), rdispl(n + 1, 0);
+  for (int q = 0; q < n; ++q) {
+    sdispl[q + 1] = sdispl[q] + send_counts[q];
+    rdispl[q + 1] = rdispl[q] + recv_counts[q];
+  }
+  if (n == 1) {
+    if (send_counts[0] != recv_counts[0])
+      throw CollectiveMismatchError("ringzero all_to_all on a group of one rank: it sends " +
+                                    std::to_string(send_counts[0]) + " elements to itself but expects " +
+                                    std::to_string(recv_counts[0]));
+    if (in != out) std::memmove(out, in, send_counts[0] * es);
+    return;
+  }
+  const size_t hdr = a2a_header_bytes(n);
+  if (slot_bytes_ < hdr + static_cast<size_t>(n) * 64)
+    throw InvalidArgument("all_to_all: the staging slot (" + std::to_string(slot_bytes_) + " bytes) is too small for " +
+                          std::to_string(n) + " ranks; raise RINGZERO_SHM_BUFFER_BYTES to at least " +
+                          std::to_string(hdr + n * 64));
+  const size_t piece_elems = (slot_bytes_ - hdr) / n / 64 * 64 / es;  // per destination, per slice
+  auto piece = [&](int dst, uint64_t k) { return slot(rank_, k) + hdr + static_cast<size_t>(dst) * piece_elems * es; };
+  auto peer_piece = [&](int src, uint64_t k) {
+    return static_cast<const char*>(slot(src, k)) + hdr + static_cast<size_t>(rank_) * piece_elems * es;
+  };
+  // Rank q's header in slice k's slot: [input address, probe address, send[0..n), recv[0..n)].
+  auto header_of = [&](int q, uint64_t k) { return reinterpret_cast<const uint64_t*>(slot(q, k)); };
+
+  size_t slices = 1;
+  bool direct = false;
+  std::vector<uint64_t> peer_input(n);
+  std::vector<size_t> peer_offset(n);  // where this rank's block lies in rank q's input (elements)
+  for (size_t s = 0; s < slices; ++s) {
+    const uint64_t k = begin_slice();
+    if (s == 0) {
+      auto* h = reinterpret_cast<uint64_t*>(slot(rank_, k));
+      h[0] = reinterpret_cast<uint64_t>(in);
+      h[1] = reinterpret_cast<uint64_t>(single_copy_probe);
+      for (int q = 0; q < n; ++q) {
+        h[kA2AFixedWords + q] = send_counts[q];
+        h[kA2AFixedWords + n + q] = recv_counts[q];
+      }
+    }
+    if (!direct)
+      for (int q = 0; q < n; ++q) {  // stage: this slice's piece of every peer's block
+        if (q == rank_) continue;
+        const Range r = slice_range(send_counts[q], piece_elems, s);
+        std::memcpy(piece(q, k), input + (sdispl[q] + r.offset) * es, r.count * es);
+      }
+    if (s == 0) publish_fingerprint(k);
+    signal();
+    // The own block needs no peer; a rank whose own counts disagree raises below, with every peer.
+    if (s == 0 && send_counts[rank_] == recv_counts[rank_] && output + rdispl[rank_] * es != input + sdispl[rank_] * es)
+      std::memmove(output + rdispl[rank_] * es, input + sdispl[rank_] * es, send_counts[rank_] * es);
+    wait_all(phase_);
+    if (s == 0) {
+      check_fingerprints(k);
+      // [Note: the all-to-all's count table]: the same matrix, so the same verdicts, on every rank.
+      size_t largest = 0;
+      for (int q = 0; q < n; ++q) {
+        const uint64_t* hq = header_of(q, k);
+        for (int p = 0; p < n; ++p) {
+          const uint64_t sent = hq[kA2AFixedWords + p], expected = header_of(p, k)[kA2AFixedWords + n + q];
+          if (sent != expected) {
+            std::ostringstream m;
+            m << "ringzero all_to_all (sequence number " << current_.seq << ") on group rank " << group_ranks_[rank_]
+              << ": the ranks' split sizes disagree: group rank " << group_ranks_[q] << " sends " << sent
+              << " elements to group rank " << group_ranks_[p] << ", which expects " << expected
+              << " from it (rank q's input_split_sizes[p] must equal rank p's output_split_sizes[q])";
+            end_slice(k);
+            throw CollectiveMismatchError(m.str());
+          }
+          if (p != q) largest = std::max<size_t>(largest, sent);
+        }
+        peer_input[q] = hq[0];
+        size_t off = 0;
+        for (int p = 0; p < rank_; ++p) off += hq[kA2AFixedWords + p];
+        peer_offset[q] = off;
+      }
+      slices = num_slices(largest, piece_elems);
+      if (slices > 1 && largest * es >= kSingleCopyMinBytes && single_copy_ != SingleCopy::Off) {
+        if (single_copy_ == SingleCopy::Untested) {
+          std::vector<uint64_t> probes(n);
+          for (int q = 0; q < n; ++q) probes[q] = header_of(q, k)[1];
+          vote_single_copy(probes, sizeof(single_copy_probe));
+        }
+        direct = single_copy_ == SingleCopy::On;
+      }
+    }
+    for (int q = 0; q < n; ++q) {  // consume: this slice's piece of every block sent to this rank
+      if (q == rank_) continue;
+      const Range r = slice_range(recv_counts[q], piece_elems, s);
+      std::memcpy(output + (rdispl[q] + r.offset) * es, peer_piece(q, k), r.count * es);
+    }
+    end_slice(k);
+    if (direct) break;
+  }
+  if (!direct) return;
+  ++single_copy_calls_;
+  const uint64_t k = begin_slice();
+  for (int i = 1; i < n; ++i) {  // peers in turn from this rank up: the ranks do not all start on one peer
+    const int q = (rank_ + i) % n;
+    if (recv_counts[q] <= piece_elems) continue;
+    const size_t skip = piece_elems * es;
+    read_peer(q, output + rdispl[q] * es + skip, peer_input[q] + peer_offset[q] * es + skip,
+              (recv_counts[q] - piece_elems) * es);
+  }
+  end_slice(k);
+  signal();
+  wait_all(phase_);
+}
+
+// Gather: the non-roots stage slices of their block, the root copies every slot out into its block of
+// `out`. After the first slice only the root waits. Per non-root per slice of B bytes: writes B to shm;
+// the root reads (n-1)*B and writes n*B.
+void ShmComm::gather(const void* in, void* out, size_t count, DType dtype, int root) {
+  if (root < 0 || root >= nranks_) throw InvalidArgument("root out of range");
+  OpGuard guard(this, CollectiveKind::Gather, dtype, ReduceOp::Sum, root, count);
+  const size_t es = dtype_size(dtype);
+  const char* input = static_cast<const char*>(in);
+  char* output = static_cast<char*>(out);
+  if (nranks_ == 1) {
+    if (in != out) std::memmove(out, in, count * es);
+    return;
+  }
+  run_slices(
+      count, slot_bytes_ / es, rank_ == root ? kWaitAll : kWaitNone,
+      [&](const Slice& sl) {
+        if (rank_ != root) std::memcpy(slot(rank_, sl.k), input + sl.offset * es, sl.count * es);
+      },
+      [&](const Slice& sl) {
+        if (rank_ == root && output + (root * count + sl.offset) * es != input + sl.offset * es)
+          std::memmove(output + (root * count + sl.offset) * es, input + sl.offset * es, sl.count * es);
+      },
+      [&](const Slice& sl) {
+        if (rank_ != root) return;
+        for (int q = 0; q < nranks_; ++q)
+          if (q != root) std::memcpy(output + (q * count + sl.offset) * es, slot(q, sl.k), sl.count * es);
+      });
+}
+
+// Scatter: the root stages the slice of every peer's block in its slot (one piece per rank), each
+// non-root copies its own piece out. After the first slice the non-roots wait for the root alone, and
+// the root for no one. Per non-root per slice of B bytes: reads B, writes B; the root writes (n-1)*B.
+void ShmComm::scatter(const void* in, void* out, size_t count, DType dtype, int root) {
+  if (root < 0 || root >= nranks_) throw InvalidArgument("root out of range");
+  OpGuard guard(this, CollectiveKind::Scatter, dtype, ReduceOp::Sum, root, count);
+  const size_t es = dtype_size(dtype);
+  const char* input = static_cast<const char*>(in);
+  char* output = static_cast<char*>(out);
+  if (nranks_ == 1) {
+    if (in != out) std::memmove(out, in, count * es);
+    return;
+  }
+  const size_t piece_elems = std::max<size_t>(1, slot_bytes_ / nranks_ / 64 * 64 / es);
+  run_slices(
+      count, piece_elems, rank_ == root ? kWaitNone : root,
+      [&](const Slice& sl) {
+        if (rank_ != root) return;
+        for (int q = 0; q < nranks_; ++q)
+          if (q != root)
+            std::memcpy(slot(root, sl.k) + q * piece_elems * es, input + (q * count + sl.offset) * es, sl.count * es);
+      },
+      [&](const Slice& sl) {
+        if (rank_ == root && output + sl.offset * es != input + (root * count + sl.offset) * es)
+          std::memmove(output + sl.offset * es, input + (root * count + sl.offset) * es, sl.count * es);
+      },
+      [&](const Slice& sl) {
+        if (rank_ != root)
+          std::memcpy(output + sl.offset * es, slot(root, sl.k) + rank_ * piece_elems * es, sl.count * es);
+      });
+}
+
+}  // namespace ringzero
