@@ -108,7 +108,15 @@ def all_to_all_body(rank, world, seed, doors):
         dist.all_to_all_single(strided, torch.arange(world * 4, dtype=torch.int64) + rank * 100, group=groups["backend"])
         want = torch.cat([torch.arange(rank * 4, rank * 4 + 4) + q * 100 for q in range(world)])
         assert torch.equal(strided, want) and not base[1::2].any()
+    # ringzero.patch(): torch's own call on a gloo group takes ringzero's path.
     comm = ringzero.get_communicator(groups["ringzero"])
+    before = comm.seq
+    out = torch.empty(world * 2)
+    with ringzero.patch():
+        dist.all_to_all_single(out, torch.arange(world * 2, dtype=torch.float32) + 10 * rank, group=groups["ringzero"])
+    assert comm.seq == before + 1
+    assert torch.equal(out, torch.cat([torch.arange(2 * rank, 2 * rank + 2, dtype=torch.float32) + 10 * q
+                                       for q in range(world)]))
     direct = comm.shm.single_copy_calls if comm.shm is not None and comm.single_host else None
     return cases, direct
 

@@ -5,8 +5,8 @@ change its backend string.
     with ringzero.patch():           # or only inside the block
         dist.all_reduce(t)           # on a gloo group: runs ringzero.all_reduce
 
-While patched, torch.distributed.all_reduce, reduce_scatter_tensor, all_gather_into_tensor and
-broadcast (and the *_single names of torch >= 2.13) take ringzero's path when ringzero can run the call (CPU, contiguous, a dtype and reduce op
+While patched, torch.distributed.all_reduce, reduce_scatter_tensor, all_gather_into_tensor,
+broadcast and all_to_all_single (and the *_single names of torch >= 2.13) take ringzero's path when ringzero can run the call (CPU, contiguous, a dtype and reduce op
 ringzero supports, a group whose backend is not already ringzero); any other call goes to torch's
 function unchanged. Only the module attributes are replaced: code that imported the functions by
 name before patching, and C++ callers such as DDP's reducer, keep torch's path (use the "ringzero"
@@ -34,6 +34,7 @@ _ROUTES = {
     "all_gather_into_tensor": (api.all_gather_into_tensor, ("output_tensor", "input_tensor")),
     "all_gather_single": (api.all_gather_single, ("output_tensor", "input_tensor")),
     "broadcast": (api.broadcast, ("tensor",)),
+    "all_to_all_single": (api.all_to_all_single, ("output", "input")),
 }
 _ROUTES = {name: route for name, route in _ROUTES.items() if hasattr(c10d, name)}
 _MODULES = (dist, c10d)
@@ -102,8 +103,8 @@ class _Patch:
 
 
 def patch() -> _Patch:
-    """Routes torch.distributed.all_reduce, reduce_scatter_tensor, all_gather_into_tensor and
-    broadcast to ringzero where it can run them (see the module docstring). Call it on every rank,
+    """Routes torch.distributed.all_reduce, reduce_scatter_tensor, all_gather_into_tensor, broadcast and
+    all_to_all_single to ringzero where it can run them (see the module docstring). Call it on every rank,
     or none: a rank that takes torch's path would not meet the others on ringzero's. Usable as a
     plain call or as `with ringzero.patch(): ...`."""
     with _lock:
