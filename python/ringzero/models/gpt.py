@@ -6,6 +6,9 @@ Activation recomputation (GPTConfig.recompute) lives inside Block.forward, so th
 Block runs: in GPT.forward, in a pipeline stage cut from as_sequential(), and under ZeRO-3, whose
 gather/free hooks sit on the Block itself and so fire once per forward, never again for the
 recomputation (see [Note: recompute inside the Block]).
+
+MoEGPT (at the end) is the same model with the MLP of some blocks replaced by models/moe.py's mixture of
+experts; GPT itself is unchanged by it.
 """
 from __future__ import annotations
 
@@ -16,6 +19,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
+
+from .moe import Experts, MoEConfig, MoEFeedForward
 
 RECOMPUTE_KINDS = ("none", "selective", "full")
 """What a Block recomputes in backward instead of keeping (Korthikanti et al. 2022's terms): none;
@@ -97,6 +102,11 @@ class Block(nn.Module):
         return self._layer(x)
 
     def _layer(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.attend(x)
+        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+    def attend(self, x: torch.Tensor) -> torch.Tensor:
+        """The block's first half, x + attention(ln1(x)): (B, T, d) -> (B, T, d). MoEBlock shares it."""
         b, t, d = x.shape
         q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
         shape = (b, t, self.n_head, d // self.n_head)
@@ -105,8 +115,7 @@ class Block(nn.Module):
             a = checkpoint(attention_core, q, k, v, use_reentrant=False)  # keeps q, k, v, not its own state
         else:
             a = attention_core(q, k, v)
-        x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
-        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+        return x + self.proj(a.transpose(1, 2).reshape(b, t, d))
 
 
 class Head(nn.Module):
@@ -128,9 +137,13 @@ class GPT(nn.Module):
         super().__init__()
         self.cfg = cfg or GPTConfig()
         self.embed = Embedding(self.cfg)
-        self.blocks = nn.ModuleList(Block(self.cfg) for _ in range(self.cfg.n_layer))
+        self.blocks = nn.ModuleList(self.make_block(i) for i in range(self.cfg.n_layer))
         self.head = Head(self.cfg)
         self.apply(self._init)
+
+    def make_block(self, index: int) -> nn.Module:
+        """Block `index` (from 0); MoEGPT overrides it."""
+        return Block(self.cfg)
 
     def _init(self, m: nn.Module):
         if isinstance(m, (nn.Linear, nn.Embedding)):
@@ -153,6 +166,59 @@ class GPT(nn.Module):
     def as_sequential(self) -> nn.Sequential:
         """The same modules (shared parameters) as nn.Sequential(embed, *blocks, head)."""
         return nn.Sequential(self.embed, *self.blocks, self.head)
+
+
+class MoEBlock(Block):
+    """Block whose MLP is a MoEFeedForward: (B, T, d) -> (B, T, d); the same attention (Block.attend) and
+    recompute kinds. After each forward, self.moe.aux_loss holds its load-balancing loss."""
+
+    def __init__(self, cfg: GPTConfig, moe: MoEConfig):
+        super().__init__(cfg)
+        del self.fc, self.out  # the dense MLP, replaced by the experts
+        self.moe = MoEFeedForward(cfg.d_model, moe.hidden or cfg.mlp_ratio * cfg.d_model, moe)
+
+    def _layer(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.attend(x)
+        return x + self.moe(self.ln2(x))
+
+
+class MoEGPT(GPT):
+    """GPT whose blocks i with moe.is_moe_layer(i) are MoEBlocks. forward(idx (B, T) int64) -> logits
+    (B, T, vocab), as GPT; aux_loss() -> the sum of the MoE layers' load-balancing losses of that forward
+    (already weighted by moe.aux_loss_coef), to add to the training loss:
+
+        loss = lm_loss(model(x), y) + model.aux_loss()
+    """
+
+    def __init__(self, cfg: GPTConfig | None = None, moe: MoEConfig | None = None):
+        self.moe_cfg = moe or MoEConfig()  # before GPT.__init__, whose make_block reads it
+        super().__init__(cfg)
+
+    def make_block(self, index: int) -> nn.Module:
+        return MoEBlock(self.cfg, self.moe_cfg) if self.moe_cfg.is_moe_layer(index) else Block(self.cfg)
+
+    def _init(self, m: nn.Module):
+        # apply() visits children first: the experts, then the block that scales its residual projections.
+        if isinstance(m, Experts):
+            for p in m.parameters():
+                nn.init.normal_(p, std=0.02)
+        elif isinstance(m, MoEBlock):
+            for p in (m.proj.weight, m.moe.experts.w_out):
+                nn.init.normal_(p, std=0.02 / math.sqrt(2 * self.cfg.n_layer))
+        else:
+            super()._init(m)
+
+    def moe_layers(self) -> list[MoEFeedForward]:
+        """The MoE layers, in block order (the expert-parallel wrapper replaces their expert step)."""
+        return [b.moe for b in self.blocks if isinstance(b, MoEBlock)]
+
+    def aux_loss(self) -> torch.Tensor:
+        """Sum of the MoE layers' aux_loss from the last forward (a scalar in that forward's graph)."""
+        losses = [m.aux_loss for m in self.moe_layers()]
+        if not losses or any(a is None for a in losses):
+            raise RuntimeError("MoEGPT.aux_loss: call forward first (and build at least one MoE block: "
+                               f"moe.every={self.moe_cfg.every} with n_layer={self.cfg.n_layer})")
+        return torch.stack(losses).sum()
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
