@@ -74,59 +74,72 @@ def scatter_flat(ring, out: torch.Tensor, inp: torch.Tensor, root: int, rank: in
 
 def all_to_all_hierarchical(ring, shm, hosts: list[list[int]], out: torch.Tensor, inp: torch.Tensor,
                             send_counts: list[int], recv_counts: list[int], rank: int):
-    """Several hosts of L ranks each (`hosts`: each host's group ranks in local-rank order). Two steps:
-      1. across hosts: local rank l sends local rank l of every other host, in one message, all its blocks
-         for that host's ranks (so each byte crosses the link once, grouped by destination host);
-      2. in the host: one shared-memory all-to-all hands each local rank the blocks meant for it, those
-         that came across the link and this host's own;
-    then each block is put at its source's place in `out`. The link carries what the flat exchange
-    carries across hosts, in H-1 messages per rank instead of (H-1)*L. Costs in the host: one packing
-    copy, the shared-memory all-to-all, one copy into place."""
+    """Several hosts of L ranks each (`hosts`: each host's group ranks in local-rank order). Local rank l
+    sends local rank l of every other host, in one message, all its blocks for that host's ranks (so each
+    byte crosses the link once, grouped by destination host; H-1 messages per rank where the flat exchange
+    sends (H-1)*L), and the receiver forwards them inside its host through shared memory:
+      1. the cross-host messages are posted;
+      2. while they travel, one shared-memory all-to-all moves this host's own blocks between its ranks;
+      3. once they have landed, a second one hands each local rank the blocks that came across for it;
+    each block then goes to its source's place in `out`. In the host: a packing copy where a host's ranks
+    are not consecutive, the two shared-memory all-to-alls, one copy into place of what came across."""
     matrix = count_matrix(ring, send_counts, recv_counts, rank)
     h = next(i for i, ranks in enumerate(hosts) if rank in ranks)
-    local = hosts[h].index(rank)
+    local, mine = hosts[h].index(rank), hosts[h]
     sd, rd = _displacements(send_counts), _displacements(recv_counts)
     block = lambda g: inp[sd[g]:sd[g] + send_counts[g]]  # noqa: E731  this rank's block for group rank g
+    others = [h2 for h2 in range(len(hosts)) if h2 != h]
 
-    # 1. Across hosts, with local rank `local` of each other host.
-    sends, recvs, came = [], [], {}
-    for h2, ranks in enumerate(hosts):
-        if h2 == h:
-            continue
-        sends.append((ranks[local], torch.cat([block(g) for g in ranks]) if len(ranks) > 1 else block(ranks[0])))
-        src = ranks[local]
-        came[h2] = torch.empty(sum(matrix[src][g] for g in hosts[h]), dtype=inp.dtype)
-        recvs.append((src, came[h2]))
+    def blocks_for(ranks):  # this rank's blocks for `ranks`, one tensor (a view where they are consecutive)
+        if ranks == list(range(ranks[0], ranks[0] + len(ranks))):
+            return inp[sd[ranks[0]]:sd[ranks[-1]] + send_counts[ranks[-1]]]
+        return torch.cat([block(g) for g in ranks])
+
+    # 1. Across hosts, with local rank `local` of each other host: what it holds for this host's ranks.
+    came = {h2: torch.empty(sum(matrix[hosts[h2][local]][g] for g in mine), dtype=inp.dtype) for h2 in others}
     try:
-        ring.exchange(sends, recvs)
+        posted = ring.exchange_start([(hosts[h2][local], blocks_for(hosts[h2])) for h2 in others],
+                                     [(hosts[h2][local], came[h2]) for h2 in others])
+    except BaseException as e:
+        shm.abort(f"its cross-host step failed: {e}")
+        raise
+
+    # 2. This host's own blocks, meanwhile: local rank l2 gets this rank's block for it, straight into `out`.
+    own_send = [matrix[rank][g] for g in mine]
+    own_recv = [matrix[g][rank] for g in mine]
+    own_out = torch.empty(sum(own_recv), dtype=inp.dtype)
+    shm.all_to_all_v(blocks_for(mine), own_out, own_send, own_recv)
+    off = 0
+    for g, k in zip(mine, own_recv):
+        out[rd[g]:rd[g] + k].copy_(own_out[off:off + k])
+        off += k
+
+    try:
+        ring.exchange_finish(posted)
     except BaseException as e:
         shm.abort(f"its cross-host step failed: {e}")  # the local ranks waiting for it fail at once, quoting it
         raise
 
-    # 2. In the host: for each local destination, the blocks from every host's local rank `local`, in host order.
+    # 3. What came across, to its local rank: for local destination l2, the blocks from every other host's
+    # local rank `local` (host order), each a piece of what that host sent.
     pieces, send_local = [], []
-    for l2, dst in enumerate(hosts[h]):
+    for l2, dst in enumerate(mine):
         total = 0
-        for h2, ranks in enumerate(hosts):
-            src = ranks[local]
+        for h2 in others:
+            src = hosts[h2][local]
+            off = sum(matrix[src][mine[l3]] for l3 in range(l2))
             k = matrix[src][dst]
-            if h2 == h:
-                pieces.append(block(dst))
-            else:
-                off = sum(matrix[src][hosts[h][l3]] for l3 in range(l2))
-                pieces.append(came[h2][off:off + k])
+            pieces.append(came[h2][off:off + k])
             total += k
         send_local.append(total)
-    recv_local = [sum(matrix[ranks[l3]][rank] for ranks in hosts) for l3 in range(len(hosts[h]))]
+    recv_local = [sum(matrix[hosts[h2][l3]][rank] for h2 in others) for l3 in range(len(mine))]
     staged = torch.cat(pieces) if pieces else inp[:0]
     landed = torch.empty(sum(recv_local), dtype=inp.dtype)
     shm.all_to_all_v(staged, landed, send_local, recv_local)
-
-    # Each block to its source's place: landed holds, per local source l3, the blocks of every host's rank l3.
-    off = 0
-    for l3 in range(len(hosts[h])):
-        for ranks in hosts:
-            g = ranks[l3]
+    off = 0  # landed: per local source l3, the blocks of every other host's rank l3, in host order
+    for l3 in range(len(mine)):
+        for h2 in others:
+            g = hosts[h2][l3]
             k = matrix[g][rank]
             out[rd[g]:rd[g] + k].copy_(landed[off:off + k])
             off += k

@@ -328,10 +328,17 @@ class P2PRing:
         (flat contiguous tensors; an empty one moves nothing). Every receive is posted first, then every
         send; returns when all have completed. Messages between one pair go in order, so each side must
         list its messages to a peer in the order the peer lists them."""
+        self.exchange_finish(self.exchange_start(sends, recvs))
+
+    def exchange_start(self, sends: list, recvs: list) -> list:
+        """exchange's first half: every message posted; returns what exchange_finish waits for."""
         posted = [(self.members[p], w) for p, t in recvs for w in (self.link.irecv(piece, self.members[p], 0)
                                                                   for piece in self._slices(t))]
-        posted += [(self.members[p], w) for p, t in sends for w in (self.link.isend(piece, self.members[p], 0)
-                                                                   for piece in self._slices(t))]
+        return posted + [(self.members[p], w) for p, t in sends for w in (self.link.isend(piece, self.members[p], 0)
+                                                                         for piece in self._slices(t))]
+
+    def exchange_finish(self, posted: list):
+        """exchange's second half: returns when every message posted by exchange_start has completed."""
         for peer, w in posted:
             self._wait(w, peer)
 
