@@ -2,8 +2,8 @@
 checked exactly against a model of what the same calls give one after the other.
 
 The calls mix what ringzero's engine runs across hosts (all_reduce and its coalesced form, reduce_scatter,
-all_gather in both forms, broadcast, reduce, barrier) with what the backend hands to its inner gloo
-(all_to_all_single, gather, bitwise reductions, isend/irecv): docs/backend.md, "What runs where". They are
+all_gather in both forms, broadcast, reduce, barrier, all_to_all_single, gather) with what the backend hands
+to its inner gloo (bitwise reductions, isend/irecv): docs/backend.md, "What runs where". They are
 asynchronous, waited on in a random order of each rank's own (c10d allows any), and a call's input is often
 the tensor of an earlier call that may still be in flight, so that the order the engine keeps between its
 own calls, its deferred tails ([Note: the engine's deferred tail] in csrc/torch/backend_hosts.h) and the

@@ -71,7 +71,7 @@ def test_group_across_hosts_runs_ringzero_collectives(hosts, kind):
 def strided_calls(rank, world):
     """Non-contiguous tensors: ringzero's own ops give the right elements and leave the others alone; the ops it
     hands to the inner gloo, which writes such a tensor as if it were contiguous (a plain gloo group gave wrong
-    elements for all of these, checked below), raise ValueError naming the op instead."""
+    elements for the reductions, checked below), raise ValueError naming the op instead."""
     g = dist.new_group(backend="ringzero")
 
     def ints(r):
@@ -107,16 +107,22 @@ def strided_calls(rank, world):
                 want = fold(want, p)
             assert torch.equal(y, want), op
 
+    # scatter, gather and all_to_all_single are ringzero's own (a plain gloo group writes scatter's strided
+    # output as if contiguous and refuses all_to_all_single's): the right elements, the others untouched.
     out = torch.zeros(8, dtype=torch.int32)
-    inputs = [torch.full((4,), q, dtype=torch.int32) for q in range(world)] if rank == 0 else None
-    with pytest.raises(ValueError, match="ringzero scatter: a non-contiguous output tensor"):
-        dist.scatter(out[::2], inputs, src=0, group=g)
-    dist.scatter(out[:4], inputs, src=0, group=g)
-    assert torch.equal(out, torch.tensor([rank] * 4 + [0] * 4, dtype=torch.int32))
+    inputs = [torch.full((4,), q + 1, dtype=torch.int32) for q in range(world)] if rank == 0 else None
+    dist.scatter(out[::2], inputs, src=0, group=g)
+    assert torch.equal(out, torch.tensor([rank + 1, 0] * 4, dtype=torch.int32))
 
     outs = [torch.zeros(8, dtype=torch.int32)[::2] for _ in range(world)] if rank == 0 else None
-    dist.gather(ints(rank)[::2][:4], outs, dst=0, group=g)  # handed on, and gloo copies it right: allowed
+    dist.gather(ints(rank)[::2][:4], outs, dst=0, group=g)
     assert rank != 0 or all(torch.equal(outs[q], ints(q)[::2][:4]) for q in range(world))
+
+    base = torch.zeros(4 * world, dtype=torch.int32)
+    strided_in = lambda q: (torch.arange(4 * world, dtype=torch.int32) + 100 * q)[::2]  # noqa: E731
+    dist.all_to_all_single(base[::2], strided_in(rank), group=g)
+    want = torch.cat([strided_in(q)[2 * rank:2 * rank + 2] for q in range(world)])
+    assert torch.equal(base[::2], want) and not base[1::2].any()
     dist.destroy_process_group(g)
     return True
 

@@ -22,7 +22,7 @@ TORCH_OP = {ringzero.ReduceOp.SUM: dist.ReduceOp.SUM, ringzero.ReduceOp.AVG: dis
 SIZES = [0, 1, 13, 1031]
 IMPLEMENTED = {"allreduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
                "reduce_scatter_tensor", "allreduce_coalesced", "allgather_into_tensor_coalesced",
-               "reduce_scatter_tensor_coalesced", "barrier"}
+               "reduce_scatter_tensor_coalesced", "barrier", "alltoall_base", "gather", "scatter"}
 
 
 def reductions(rank, world, g, dtype, n):
@@ -73,6 +73,24 @@ def data_movement(rank, world, g, dtype, n):
     dist.broadcast(ref, src=src)  # gloo
     dist.broadcast(buf, src=src, group=g)
     check_equal(buf, ref, f"broadcast {dtype} n={n}")
+
+    splits = [(n * (q + rank + 1)) % 7 for q in range(world)]  # uneven, zero blocks too
+    x = make(rank, sum(splits), dtype, salt=4)
+    recv = [(n * (rank + q + 1)) % 7 for q in range(world)]
+    want, got = torch.empty(sum(recv), dtype=dtype), torch.empty(sum(recv), dtype=dtype)
+    dist.all_to_all_single(want, x, recv, splits)  # gloo
+    dist.all_to_all_single(got, x, recv, splits, group=g)
+    check_equal(got, want, f"all_to_all_single {dtype} n={n}")
+    dst = n % world
+    x = make(rank, n, dtype, salt=5)
+    got = [torch.empty(n, dtype=dtype) for _ in range(world)] if rank == dst else None
+    dist.gather(x, got, dst=dst, group=g)
+    if rank == dst:
+        check_equal(torch.cat(got), torch.cat([make(q, n, dtype, salt=5) for q in range(world)]), f"gather {dtype} n={n}")
+    chunks = [make(q, n, dtype, salt=6) for q in range(world)] if rank == dst else None
+    got = torch.empty(n, dtype=dtype)
+    dist.scatter(got, chunks, src=dst, group=g)
+    check_equal(got, make(rank, n, dtype, salt=6), f"scatter {dtype} n={n}")
 
 
 def coalesced_forms(rank, world, g, device=None):
@@ -168,27 +186,8 @@ def coalesced_and_special(rank, world, g):
 
 
 def fallbacks(rank, world, g):
-    """Ops handed to the inner gloo backend give gloo's answer."""
-    x = torch.arange(world * 3, dtype=torch.int64) + 100 * rank
-    want, got = torch.empty_like(x), torch.empty_like(x)
-    dist.all_to_all_single(want, x)
-    dist.all_to_all_single(got, x, group=g)
-    check_equal(got, want, "all_to_all_single")
-
-    dst = world - 1
-    want = [torch.empty(3, dtype=torch.int64) for _ in range(world)] if rank == dst else None
-    got = [torch.empty(3, dtype=torch.int64) for _ in range(world)] if rank == dst else None
-    dist.gather(x[:3], want, dst=dst)
-    dist.gather(x[:3], got, dst=dst, group=g)
-    if rank == dst:
-        check_equal(torch.cat(got), torch.cat(want), "gather")
-
-    chunks = [torch.full((2,), 10 * q + 1.0) for q in range(world)] if rank == 0 else None
-    want, got = torch.empty(2), torch.empty(2)
-    dist.scatter(want, chunks, src=0)
-    dist.scatter(got, chunks, src=0, group=g)
-    check_equal(got, want, "scatter")
-
+    """Ops handed to the inner gloo backend (bitwise reductions, tagged point-to-point) give gloo's answer;
+    returns their names."""
     bits = torch.tensor([0b1011, 0b0110, 0b1111], dtype=torch.int32) ^ rank
     want, got = bits.clone(), bits.clone()
     dist.all_reduce(want, op=dist.ReduceOp.BAND)
@@ -208,8 +207,7 @@ def fallbacks(rank, world, g):
         for w in works:
             w.wait()
         check_equal(recv, torch.full((5,), float(left)), "tagged send/recv ring")
-    return ({"alltoall_base", "gather", "scatter", "allreduce", "allreduce_coalesced"} |
-            ({"send", "recv"} if world > 1 else set()))
+    return {"allreduce", "allreduce_coalesced"} | ({"send", "recv"} if world > 1 else set())
 
 
 def point_to_point(rank, world, g, gloo_receives=False):
