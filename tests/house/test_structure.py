@@ -303,7 +303,7 @@ def test_the_layer_check_finds_a_violation(tmp_path):
 
 PARALLEL_FORMS = {"data_parallel": set(), "tensor_parallel": {"data_parallel"},
                   "pipeline": {"data_parallel", "tensor_parallel"},
-                  "hf": {"data_parallel", "tensor_parallel", "pipeline"}, "expert": {"data_parallel"}}
+                  "hf": {"data_parallel", "tensor_parallel", "pipeline", "expert"}, "expert": {"data_parallel"}}
 """The folders of parallel/, one per form, and the other forms each may import (docs/design.md)."""
 
 

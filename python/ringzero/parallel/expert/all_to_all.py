@@ -6,6 +6,11 @@ exchange with the split sizes swapped: the gradient of each received row goes ba
 sent it. Every rank of the group must call each function here in the same order (they are collective).
 Cost: the rows a rank sends to the others, sum of input_split_sizes[j] over j != rank, times the bytes
 of a row, leave it once (and as many arrive); the block for itself is copied locally.
+
+`exchange` (every function here takes it; None: ringzero.all_to_all_single) is the collective that moves the
+bytes, any function with torch.distributed.all_to_all_single's signature: the one hook for running the same
+expert parallelism over another all-to-all (`ringzero train`'s torch-ep row passes torch's own, and both
+rows pass a timed wrapper).
 """
 from __future__ import annotations
 
@@ -16,10 +21,10 @@ from ... import comm
 
 
 def _all_to_all_single(output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int] | None,
-                       input_split_sizes: list[int] | None, group) -> None:
+                       input_split_sizes: list[int] | None, group, exchange=None) -> None:
     """The one call of the collective in this package (torch.distributed's signature, split sizes along
-    dim 0; None: equal blocks): ringzero's."""
-    comm.all_to_all_single(output, input, output_split_sizes, input_split_sizes, group=group)
+    dim 0; None: equal blocks): `exchange`, by default ringzero's."""
+    (exchange or comm.all_to_all_single)(output, input, output_split_sizes, input_split_sizes, group=group)
 
 
 def check_split_sizes(sizes, arg: str, rows: int | None, group, who: str) -> list[int]:
@@ -41,38 +46,40 @@ class _AllToAllV(torch.autograd.Function):
     """forward: all-to-all-v of x with (output, input) split sizes; backward: the reverse all-to-all-v."""
 
     @staticmethod
-    def forward(ctx, x, output_split_sizes, input_split_sizes, group):
-        ctx.splits, ctx.group = (output_split_sizes, input_split_sizes), group
-        return _exchange(x, output_split_sizes, input_split_sizes, group)
+    def forward(ctx, x, output_split_sizes, input_split_sizes, group, exchange):
+        ctx.splits, ctx.group, ctx.exchange = (output_split_sizes, input_split_sizes), group, exchange
+        return _exchange(x, output_split_sizes, input_split_sizes, group, exchange)
 
     @staticmethod
     def backward(ctx, grad):
         output_split_sizes, input_split_sizes = ctx.splits
-        return _exchange(grad, input_split_sizes, output_split_sizes, ctx.group), None, None, None
+        return _exchange(grad, input_split_sizes, output_split_sizes, ctx.group, ctx.exchange), None, None, None, None
 
 
-def _exchange(x: torch.Tensor, output_split_sizes: list[int], input_split_sizes: list[int], group) -> torch.Tensor:
+def _exchange(x: torch.Tensor, output_split_sizes: list[int], input_split_sizes: list[int], group,
+              exchange=None) -> torch.Tensor:
     out = x.new_empty((sum(output_split_sizes), *x.shape[1:]))
-    _all_to_all_single(out, x.contiguous(), output_split_sizes, input_split_sizes, group)
+    _all_to_all_single(out, x.contiguous(), output_split_sizes, input_split_sizes, group, exchange)
     return out
 
 
-def all_to_all_v(x: torch.Tensor, output_split_sizes, input_split_sizes, group=None) -> torch.Tensor:
+def all_to_all_v(x: torch.Tensor, output_split_sizes, input_split_sizes, group=None, exchange=None) -> torch.Tensor:
     """Differentiable all-to-all-v of x [rows, ...] over `group` (None: the default group): returns
     [sum(output_split_sizes), ...]. The sizes must agree across ranks (what rank i sends to j is what j
     expects from i); each rank checks its own (ValueError naming the argument, the rank and the sizes).
-    Every rank of the group must call it; its backward is the reverse exchange, on every rank too."""
+    Every rank of the group must call it; its backward is the reverse exchange, on every rank too.
+    exchange: the collective (see the module docstring; None: ringzero.all_to_all_single)."""
     who = "all_to_all_v"
     input_split_sizes = check_split_sizes(input_split_sizes, "input_split_sizes", x.shape[0], group, who)
     output_split_sizes = check_split_sizes(output_split_sizes, "output_split_sizes", None, group, who)
-    return _AllToAllV.apply(x, output_split_sizes, input_split_sizes, group)
+    return _AllToAllV.apply(x, output_split_sizes, input_split_sizes, group, exchange)
 
 
-def exchange_counts(counts: torch.Tensor, group=None) -> torch.Tensor:
+def exchange_counts(counts: torch.Tensor, group=None, exchange=None) -> torch.Tensor:
     """counts [P * L] int64 (how many rows this rank sends to each of the L experts of each of the P
     ranks) -> [P, L]: row i, how many rows rank i sends to each of this rank's L experts. One equal-block
-    all-to-all of P * L integers; every rank of the group calls it."""
+    all-to-all of P * L integers through `exchange` (None: ringzero's); every rank of the group calls it."""
     world = dist.get_world_size(group)
     received = torch.empty_like(counts)
-    _all_to_all_single(received, counts.contiguous(), None, None, group)
+    _all_to_all_single(received, counts.contiguous(), None, None, group, exchange)
     return received.view(world, -1)

@@ -27,10 +27,25 @@ from ..data_parallel.zero import ZeroDataParallel
 from .layer import ExpertParallelMoE
 
 
+def expert_holders(model: nn.Module) -> list[tuple[nn.Module, list[nn.Parameter]]]:
+    """(module, its expert parameters) for each module of `model` that holds this rank's experts of an ep
+    group: an ExpertParallelMoE (the parameters of its `experts`), or a module marked with the class
+    attribute `holds_expert_shard = True`, all of whose parameters are experts and which has `ep_size`
+    (parallel/hf/hf_expert.py's ExpertParallelHFExperts). In module order."""
+    found = []
+    for m in model.modules():
+        if isinstance(m, ExpertParallelMoE):
+            found.append((m, list(m.experts.parameters())))
+        elif getattr(m, "holds_expert_shard", False):
+            found.append((m, list(m.parameters())))
+    return found
+
+
 def split_expert_parameters(model: nn.Module) -> tuple[list, list]:
-    """(expert, other): the (name, parameter) pairs of `model` that are experts of its ExpertParallelMoE
-    layers (distinct on each rank of an ep group) and all the others (replicated), each in registration order."""
-    expert_ids = {id(p) for m in model.modules() if isinstance(m, ExpertParallelMoE) for p in m.experts.parameters()}
+    """(expert, other): the (name, parameter) pairs of `model` that are experts of its expert-parallel
+    layers (expert_holders: distinct on each rank of an ep group) and all the others (replicated), each in
+    registration order."""
+    expert_ids = {id(p) for _, params in expert_holders(model) for p in params}
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     return [(n, p) for n, p in named if id(p) in expert_ids], [(n, p) for n, p in named if id(p) not in expert_ids]
 
@@ -50,8 +65,9 @@ class _Holder(nn.Module):
 
 
 class ExpertDataParallel(nn.Module):
-    """Wraps `model`, whose MoE layers are already expert parallel (expert_parallel(model, ep_group)), for
-    data parallelism: see [Note: expert gradients under data parallelism].
+    """Wraps `model`, whose MoE layers are already expert parallel (expert_parallel(model, ep_group), or for a
+    Hugging Face MoE model parallelize(model, mesh, plan="ep")), for data parallelism: see [Note: expert
+    gradients under data parallelism].
 
     dp_group: every rank that holds the replicated parameters and sees its own data (None: the default
       group); with a Mesh(ep=P): mesh.group("dp"). Its size must be P times that of expert_dp_group.
@@ -67,10 +83,11 @@ class ExpertDataParallel(nn.Module):
 
     def __init__(self, model: nn.Module, dp_group=None, expert_dp_group=None, wrap=DistributedDataParallel):
         super().__init__()
-        layers = [m for m in model.modules() if isinstance(m, ExpertParallelMoE)]
+        layers = [m for m, _ in expert_holders(model)]
         if not layers:
             raise ValueError("ExpertDataParallel: the model has no ExpertParallelMoE layer; call "
-                             "expert_parallel(model, ep_group) first")
+                             "expert_parallel(model, ep_group) first (a Hugging Face MoE model: "
+                             "parallelize(model, mesh, plan='ep'))")
         self.ep_size = layers[0].ep_size
         if any(m.ep_size != self.ep_size for m in layers):
             raise ValueError(f"ExpertDataParallel: every MoE layer must use one ep group size, got "

@@ -27,6 +27,9 @@ from ..data_parallel.zero import ZeroDataParallel
 def _plan_of(model: nn.Module, plan) -> HFPlan:
     info = getattr(model, "ringzero_parallel", None)
     if info is not None:
+        if not isinstance(info.plan, HFPlan):
+            raise ValueError(f"plan {info.plan.name!r}: pipeline stages of an expert-parallel model are not "
+                             "supported yet")
         return info.plan
     if plan is None:
         raise ValueError("plan: name the model's plan (e.g. plan='llama') for a model that parallelize() has not seen")

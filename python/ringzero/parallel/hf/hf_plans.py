@@ -1,4 +1,5 @@
-"""Tensor-parallel plans for Hugging Face decoder models: which submodule is which, as data.
+"""Plans for Hugging Face decoder models: which submodule is which, as data. HFPlan: the tensor-parallel
+layout of a dense decoder; HFMoEPlan: where a mixture-of-experts model keeps its experts (plan="ep").
 
 A plan names, by attribute path, the pieces parallelize() (parallelize.py) replaces; it holds no code,
 so a model family with the same layout reuses a plan (Qwen2's names are Llama's) and a
@@ -75,14 +76,65 @@ PLANS = {"llama": LLAMA, "qwen2": dataclasses.replace(LLAMA, name="qwen2"), "gpt
 """The plans parallelize(plan=name) knows, by name."""
 
 
+@dataclasses.dataclass(frozen=True)
+class HFMoEPlan:
+    """Where the sparse mixture-of-experts blocks of one decoder family live: what the expert-parallel plan
+    (parallelize(model, mesh, plan="ep"), hf_expert.py) shards. `layers` is a path from the top model;
+    `moe_block` from one decoder layer; `router` and `experts` from the block."""
+
+    name: str
+    """The family (its plan in MOE_PLANS)."""
+    model_types: tuple[str, ...]
+    """The config.model_type values plan="ep" picks this plan for."""
+    num_experts: str
+    """The config field holding E, the experts per block (what ep must divide)."""
+    layers: str = "model.layers"
+    """The nn.ModuleList of decoder layers."""
+    moe_block: str = "mlp"
+    """A layer's sparse MoE block. A layer whose module there holds no `experts` (Qwen2-MoE's
+    mlp_only_layers, a dense MLP) is left as it is."""
+    router: str = "gate"
+    """Inside the block: the router, kept whole and replicated (the model's own routing and the router
+    logits its load-balancing loss reads)."""
+    experts: str = "experts"
+    """Inside the block: the experts module, called as experts(hidden [N, d], top_k_index [N, k],
+    top_k_weights [N, k]) and holding stacked gate_up_proj [E, 2 I, d] ([gate | up]) and down_proj [E, d, I]:
+    replaced by this rank's E / ep of them (hf_expert.ExpertParallelHFExperts)."""
+
+
+MIXTRAL = HFMoEPlan(name="mixtral", model_types=("mixtral",), num_experts="num_local_experts")
+QWEN2_MOE = HFMoEPlan(name="qwen2_moe", model_types=("qwen2_moe",), num_experts="num_experts")
+"""Qwen2-MoE's shared expert and its sigmoid gate sit beside `experts` in the block: replicated."""
+
+MOE_PLANS = {"mixtral": MIXTRAL, "qwen2_moe": QWEN2_MOE}
+"""The expert-parallel plans, by family; parallelize(plan="ep") picks one by the model's config.model_type."""
+
+EXPERT_PARALLEL = "ep"
+"""The plan name that asks parallelize for expert parallelism (the layout from MOE_PLANS)."""
+
+
 def resolve_plan(plan) -> HFPlan:
     """The HFPlan for `plan` (a name in PLANS or an HFPlan); ValueError for an unknown name."""
     if isinstance(plan, HFPlan):
         return plan
     if isinstance(plan, str) and plan in PLANS:
         return PLANS[plan]
-    raise ValueError(f"plan={plan!r}: use one of {', '.join(sorted(PLANS))} or an HFPlan naming your model's "
-                     "modules (docs/parallelize.md)")
+    raise ValueError(f"plan={plan!r}: use one of {', '.join(sorted(PLANS))}, an HFPlan naming your model's "
+                     f"modules, or {EXPERT_PARALLEL!r} for a mixture-of-experts model (docs/parallelize.md)")
+
+
+def resolve_moe_plan(plan, model: nn.Module) -> HFMoEPlan:
+    """The HFMoEPlan for `plan` (EXPERT_PARALLEL: the one of MOE_PLANS whose model_types hold the model's
+    config.model_type; or an HFMoEPlan); ValueError naming the model type when no plan knows it."""
+    if isinstance(plan, HFMoEPlan):
+        return plan
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    for moe_plan in MOE_PLANS.values():
+        if model_type in moe_plan.model_types:
+            return moe_plan
+    raise ValueError(f"plan={EXPERT_PARALLEL!r}: {type(model).__name__} (config.model_type={model_type!r}) has no "
+                     f"sparse MoE blocks that a plan knows; expert parallelism is for mixture-of-experts models "
+                     f"({', '.join(sorted(MOE_PLANS))}, or pass an HFMoEPlan naming your model's modules)")
 
 
 def find_module(root: nn.Module, path: str, plan: HFPlan, field: str) -> nn.Module:

@@ -13,7 +13,8 @@ import torch.nn as nn
 
 from .hf_layers import (HFCausalLMLoss, ParallelAttention, ParallelMLP, shard_sequence_between, sum_gradient_over_group,
                         zero_gradient_row)
-from .hf_plans import HFPlan, attention_shape, check_config, find_module, resolve_plan
+from .hf_expert import parallelize_experts
+from .hf_plans import EXPERT_PARALLEL, HFMoEPlan, HFPlan, attention_shape, check_config, find_module, resolve_plan
 from ..mesh import Mesh
 from ..tensor_parallel.tensor import ColumnParallelLinear, RowParallelLinear
 from ..tensor_parallel.vocab import VocabParallelEmbedding, vocab_range
@@ -126,7 +127,9 @@ def _check_names(model: nn.Module, plan: HFPlan) -> nn.ModuleList:
 def parallelize(model: nn.Module, mesh: Mesh, plan="llama", sequence_parallel: bool = False) -> nn.Module:
     """Shards `model` (a transformers ...ForCausalLM) in place over mesh.group("tp") and returns it.
 
-    plan: a name in hf_plans.PLANS ("llama", "qwen2", "gpt2") or an HFPlan. Replaced: the
+    plan: a name in hf_plans.PLANS ("llama", "qwen2", "gpt2") or an HFPlan; or "ep" (or an HFMoEPlan) for a
+    mixture-of-experts model (Mixtral, Qwen2-MoE): its experts sharded over mesh.group("ep") instead, and
+    nothing else changed (hf_expert.parallelize_experts says what it does and refuses). Replaced: the
     token embedding (VocabParallelEmbedding), each layer's attention (ParallelAttention: q, k, v fused
     column-parallel by heads, output row-parallel) and MLP (ParallelMLP), the LM head (column-parallel
     over the vocabulary; still tied to the embedding if it was). model(input_ids) then returns this
@@ -143,6 +146,11 @@ def parallelize(model: nn.Module, mesh: Mesh, plan="llama", sequence_parallel: b
         raise TypeError(f"mesh must be a ringzero.parallel.Mesh, got {type(mesh).__name__}")
     if getattr(model, "ringzero_parallel", None) is not None:
         raise ValueError("model was already parallelized; build a fresh model")
+    if isinstance(plan, HFMoEPlan) or (isinstance(plan, str) and plan == EXPERT_PARALLEL):
+        if sequence_parallel:
+            raise ValueError("sequence_parallel=True: the expert-parallel plan has no tensor axis to shard the "
+                             "sequence over; leave it False")
+        return parallelize_experts(model, mesh, plan)
     plan = resolve_plan(plan)
     group, tp, sp = mesh.group("tp"), mesh.size("tp"), bool(sequence_parallel)
     config = model.config
