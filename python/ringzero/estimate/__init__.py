@@ -10,11 +10,14 @@ Command line: `ringzero estimate --help` (also `python -m ringzero.estimate`).
 from .cli import main
 from .core import Collective, Estimate, StageMemory, as_model, estimate, largest_model
 from .model import ACTIVATION_FORMULA, ModelShape, split_layers
+from .moe import MoE, active_params
 from .network import PRESETS, Cluster, GroupShape, Link, collective_times, custom_cluster, parse_cluster
 from .plan import STRATEGIES, Plan, Precision
+from .presets import KNOWN_MODELS, known_model
 
 __all__ = [
     "estimate", "largest_model", "Estimate", "StageMemory", "Collective", "as_model", "ModelShape",
     "ACTIVATION_FORMULA", "split_layers", "Plan", "Precision", "STRATEGIES", "Cluster", "Link", "GroupShape",
-    "PRESETS", "parse_cluster", "custom_cluster", "collective_times", "main",
+    "PRESETS", "parse_cluster", "custom_cluster", "collective_times", "main", "MoE", "active_params", "KNOWN_MODELS",
+    "known_model",
 ]

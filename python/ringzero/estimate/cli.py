@@ -10,6 +10,7 @@ import re
 from .core import estimate, largest_model
 from .model import ATTENTION_KINDS, RECOMPUTE_KINDS, ModelShape
 from .network import PRESETS, custom_cluster, parse_cluster
+from .presets import KNOWN_MODELS, known_model
 from .plan import OPTIMIZER_STATES, SCHEDULES, STRATEGIES, Plan, Precision
 from .report import fmt_bytes, fmt_count, full_report, summary_table
 
@@ -19,6 +20,7 @@ EXAMPLES = """examples:
   ringzero estimate --ringzero-gpt --batch 16 --strategy zero2 --world 2
   ringzero estimate --hf-config Meta-Llama-3-8B/config.json --seq 8192 --dtype bfloat16 --batch 8 --world 8 --strategy zero3
   ringzero estimate --params 70B --dtype bfloat16 --strategy zero3 --cluster 64xH100
+  ringzero estimate --model mixtral-8x7b --seq 4096 --dtype bfloat16 --batch 64 --strategy zero1 --ep 8 --cluster 64xH100
   ringzero estimate --layers 96 --hidden 12288 --heads 96 --vocab 51200 --seq 2048 --dtype bfloat16 \\
       --strategy pp --world 64 --pp 8 --tp 8 --sequence-parallel --recompute selective --batch 1 --microbatches 1
   ringzero estimate --layers 32 --hidden 4096 --heads 32 --vocab 32000 --seq 4096 --dtype bfloat16 \\
@@ -42,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 description="Memory per GPU (parameters, gradients, optimizer state, activations) "
                                             "and communication per step of a training configuration.")
-    m = p.add_argument_group("model (--params, or the shape, or --ringzero-gpt, or --hf-config)")
+    m = p.add_argument_group("model (--params, or the shape, or --ringzero-gpt, or --hf-config, or --model)")
     m.add_argument("--params", type=parse_count, help="parameter count only, e.g. 7.5B (no activations)")
     m.add_argument("--ringzero-gpt", action="store_true",
                    help="ringzero's byte-level GPT (untied head, no dropout, flash attention); shape flags "
@@ -50,6 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--hf-config", metavar="CONFIG_JSON",
                    help="a Hugging Face model's config.json (llama, mistral, qwen2, gpt2; no download, transformers "
                         "not needed); give --seq")
+    m.add_argument("--model", metavar="NAME", help=f"a published shape: {', '.join(KNOWN_MODELS)} (mixtures of "
+                   "experts; --seq optional, default 4096)")
     m.add_argument("--layers", type=int)
     m.add_argument("--hidden", type=int)
     m.add_argument("--heads", type=int)
@@ -79,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--pp", type=int, default=None, help="pipeline stages for the pp strategies (default 2)")
     s.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (Megatron's split of heads, MLP and "
                    "vocabulary; default 1); pp x tp must divide --world")
+    s.add_argument("--ep", type=int, default=1, help="expert-parallel ranks for a mixture-of-experts model (experts "
+                   "sharded over ep of the data-parallel ranks; must divide dp and the experts; default 1)")
     s.add_argument("--sequence-parallel", action="store_true",
                    help="Megatron's sequence parallelism over the --tp ranks (norms and dropouts on s/tp tokens)")
     s.add_argument("--microbatches", type=int, default=None,
@@ -105,6 +111,12 @@ def build_parser() -> argparse.ArgumentParser:
 def _model(args):
     shape_given = {k: getattr(args, k) for k in SHAPE_FLAGS if getattr(args, k) is not None}
     traits_given = args.tied or args.no_dropout or args.attention is not None or args.mlp_ratio is not None
+    if args.model is not None:
+        if args.params is not None or args.ringzero_gpt or args.hf_config is not None or traits_given or \
+                set(shape_given) - {"seq"}:
+            raise ValueError("--model takes the published shape: give at most --seq, and no --params, --ringzero-gpt, "
+                             "--hf-config or other shape flags")
+        return known_model(args.model, args.seq)
     if args.hf_config is not None:
         if args.params is not None or args.ringzero_gpt or traits_given or set(shape_given) != {"seq"}:
             raise ValueError("--hf-config takes the shape from the file: give --seq (the sequence length) and no "
@@ -184,7 +196,8 @@ def _plans(args, world: int) -> list[Plan]:
         plans.append(Plan(strategy=name, world=world, pp=pp, tp=args.tp, sequence_parallel=args.sequence_parallel,
                           microbatches=m, schedule=args.schedule,
                           recompute=args.recompute, bucket_bytes=max(1, int(args.bucket_mb * 2**20)),
-                          zeropp=args.zeropp if name == "zero3" else "", ranks_per_host=args.ranks_per_host))
+                          zeropp=args.zeropp if name == "zero3" else "", ranks_per_host=args.ranks_per_host,
+                          ep=args.ep))
     if args.zeropp and "zero3" not in names:
         raise ValueError(f"--zeropp applies to zero3; add it to --strategy (got {', '.join(names)})")
     if args.pp is not None and args.pp > 1 and not any(n.startswith("pp") for n in names):

@@ -7,10 +7,13 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from .expert_parallel import dispatch_rows, expert_gradient_rows, expert_groups
 from .model import ACTIVATION_FORMULA, ModelShape, split_layers
+from .moe import blocks_params, moe_block_params, routed_activation_bytes, routed_working_bytes
 from .network import Cluster, GroupShape, collective_times, group_shape, sent_per_rank
 from .plan import Plan, Precision
 from .tensor_parallel import tensor_parallel_rows
+from .zero3 import root_rows, zero3_units, zeropp_rows
 
 
 @dataclasses.dataclass
@@ -21,7 +24,7 @@ class StageMemory:
     layers: int | None
     """Blocks on this stage (None when the model is given only as a parameter count)."""
     params: int
-    """Parameters of this stage before sharding (elements)."""
+    """Parameters of this stage on one rank before ZeRO sharding (elements), its experts included."""
     param_bytes: int
     grad_bytes: int
     optimizer_bytes: int
@@ -33,6 +36,10 @@ class StageMemory:
     transient_bytes: int = 0
     """Short-lived buffers at the peak: one recomputed block, ZeRO-3's gathered unit."""
     transient_terms: dict = dataclasses.field(default_factory=dict)
+    expert_params: int = 0
+    """Of `params`, the experts this rank holds (E / ep per MoE block); ZeRO shards them over plan.edp."""
+    moe_blocks: int = 0
+    """MoE blocks on this stage."""
 
     @property
     def model_state_bytes(self) -> int:
@@ -128,13 +135,14 @@ def _shard(count: int, ways: int) -> int:
     return -(-count // ways)  # ceil: a flat shard is padded to equal size on every rank
 
 
-def _stage_params(shape: ModelShape | None, n_params: int, plan: Plan) -> tuple[list, list]:
-    """(blocks per stage or Nones, parameters per stage and tensor-parallel rank). The embedding sits on
-    the first stage and the head on the last; a tied table is held by both when they differ (as Megatron
-    does). A bare parameter count is divided evenly over stages and tensor-parallel ranks."""
+def _stage_params(shape: ModelShape | None, n_params: int, plan: Plan) -> tuple[list, list, list]:
+    """(blocks per stage or Nones, parameters per stage and tensor-parallel rank, of which experts). The
+    embedding sits on the first stage and the head on the last; a tied table is held by both when they
+    differ (as Megatron does). A bare parameter count is divided evenly over stages and tensor-parallel
+    ranks. A MoE model's rank holds E / ep experts of each MoE block on its stage."""
     pp, tp = plan.pp, plan.tp
     if shape is None:
-        return [None] * pp, [_shard(n_params, pp * tp)] * pp
+        return [None] * pp, [_shard(n_params, pp * tp)] * pp, [0] * pp
     if plan.layers_per_stage is None:
         layers = split_layers(shape.n_layer, pp)
     else:
@@ -142,12 +150,14 @@ def _stage_params(shape: ModelShape | None, n_params: int, plan: Plan) -> tuple[
         if sum(layers) != shape.n_layer:
             raise ValueError(f"layers_per_stage={plan.layers_per_stage} places {sum(layers)} blocks; the model has "
                              f"{shape.n_layer}")
-    params = [n * shape.layer_params(tp) for n in layers]
+    starts = [sum(layers[:i]) for i in range(pp)]
+    split = [blocks_params(shape, a, a + n, plan.ep, tp) for a, n in zip(starts, layers)]
+    params = [replicated + experts for replicated, experts in split]
     params[0] += shape.embedding_params(tp)
     params[-1] += shape.head_params(tp)
     if shape.tied_embeddings and pp > 1:
         params[-1] += shape.vocab_rows(tp) * shape.d_model
-    return layers, params
+    return layers, params, [experts for _, experts in split]
 
 
 def _in_flight(plan: Plan, stage: int) -> int:
@@ -185,24 +195,29 @@ WORKING_TERM = "backward through one block (gradients in flight)"
 RECOMPUTE_TERM = "one block recomputed ({})"
 
 
-def _stage_memory(stage: int, layers, params: int, shape, micro, precision: Precision, plan: Plan) -> StageMemory:
+def _stage_memory(stage: int, layers, params: int, experts: int, moe_blocks: int, shape, micro,
+                  precision: Precision, plan: Plan) -> StageMemory:
     z, dp = plan.zero_stage, plan.dp
+    # ZeRO shards the replicated parameters over dp and the experts over the edp ranks holding the same ones.
+    held = lambda stage_from: (_shard(params - experts, dp if z >= stage_from else 1)  # noqa: E731
+                               + _shard(experts, plan.edp if z >= stage_from else 1))
     st = StageMemory(
         stage=stage, layers=layers, params=params,
-        param_bytes=_shard(params, dp if z >= 3 else 1) * precision.param_bytes,
-        grad_bytes=_shard(params, dp if z >= 2 else 1) * precision.grad_bytes,
-        optimizer_bytes=_shard(params, dp if z >= 1 else 1) * optimizer_bytes_per_param(precision, plan),
-        activation_bytes=None)
+        param_bytes=held(3) * precision.param_bytes,
+        grad_bytes=held(2) * precision.grad_bytes,
+        optimizer_bytes=held(1) * optimizer_bytes_per_param(precision, plan),
+        activation_bytes=None, expert_params=experts, moe_blocks=moe_blocks)
     if z == 1 and (precision.grad_bytes != 4 or plan.microbatches > 1):
         # The optimizer steps the master shard with a float32 gradient. With float32 gradients and one
         # backward per step it is a view of the reduced buffer; with 16-bit gradients, or when later
         # micro-batches reuse the buffer, it is a copy, held across the step. The paper leaves it out.
-        st.transient_terms["ZeRO-1 float32 gradient of the master shard"] = _shard(params, dp) * 4
+        st.transient_terms["ZeRO-1 float32 gradient of the master shard"] = held(1) * 4
     if z >= 3 and plan.zeropp_options.hpz and plan.dp // plan.ranks_per_host > 1:
         st.transient_terms["ZeRO++ hpz secondary shard (parameters / ranks per host), kept from forward to the step"] = (
             _shard(params, plan.ranks_per_host) * precision.param_bytes)
     if z >= 3 and shape is not None:
-        unit = max(shape.layer_params(plan.tp), shape.embedding_params(plan.tp), shape.head_params(plan.tp))
+        unit = max(shape.layer_params(plan.tp), shape.embedding_params(plan.tp), shape.head_params(plan.tp),
+                   sum(moe_block_params(shape, plan.ep)) if shape.moe else 0)
         st.transient_terms["ZeRO-3 gathered units (the one in use and the prefetched next)"] = (
             2 * unit * precision.param_bytes)
     if shape is not None and micro is not None:
@@ -229,6 +244,9 @@ def _add_activations(st: StageMemory, stage: int, layers: int, shape, micro: int
     tp, sp = plan.tp, plan.sequence_parallel
     terms = {f"{layers} blocks x {flight} micro-batches": layers * flight * shape.layer_activation_bytes(
         micro, e, plan.recompute, tp, sp)}
+    if st.moe_blocks:
+        terms[f"{st.moe_blocks} of them MoE: routed tokens in place of the MLP (uniform routing)"] = (
+            st.moe_blocks * flight * routed_activation_bytes(shape, micro, e, plan.recompute))
     if stage == 0:
         terms["embedding"] = flight * shape.embedding_activation_bytes(micro, tp, sp)
     if stage == last:
@@ -243,7 +261,9 @@ def _add_activations(st: StageMemory, stage: int, layers: int, shape, micro: int
         if stage > 0:
             st.transient_terms["input gradients sent back, until the step's sends complete"] = plan.microbatches * message
     if layers:
-        st.transient_terms[WORKING_TERM] = shape.backward_working_bytes(micro, e, tp, sp)
+        st.transient_terms[WORKING_TERM] = shape.backward_working_bytes(micro, e, tp, sp) + (
+            max(0, routed_working_bytes(shape, micro, e) - shape.width * shape.seq_len * micro * e)
+            if st.moe_blocks else 0)
     if plan.recompute != "none" and layers:
         st.transient_terms[RECOMPUTE_TERM.format(plan.recompute)] = shape.layer_recompute_peak_bytes(
             micro, e, plan.recompute, tp, sp)
@@ -255,10 +275,12 @@ def _stage_message_bytes(shape, micro: int, act_bytes: int, plan: Plan) -> int:
     return micro * shape.seq_len * shape.d_model * act_bytes // (plan.tp if plan.sequence_parallel else 1)
 
 
-def _collectives(shape, layers, stage_params, micro, precision: Precision, plan: Plan) -> tuple[list, list]:
-    """Per-step communication of the fullest stage as (collective, op, group, nbytes, calls) rows."""
+def _collectives(shape, layers, stages: list, micro, precision: Precision, plan: Plan) -> tuple[list, list]:
+    """Per-step communication of the fullest stage as (collective, op, group, nbytes, calls) rows: its
+    replicated parameters over dp, and the experts' rows (expert_parallel.py) of the stage holding the most."""
     notes, rows = [], []
-    params, m, z = max(stage_params), plan.microbatches, plan.zero_stage
+    fullest = max(stages, key=lambda st: st.params)
+    params, m, z = fullest.params - fullest.expert_params, plan.microbatches, plan.zero_stage
     grads, weights = params * precision.grad_bytes, params * precision.param_bytes
     buckets = lambda nbytes: max(1, math.ceil(nbytes / plan.bucket_bytes))  # noqa: E731
     if plan.dp > 1:
@@ -274,11 +296,11 @@ def _collectives(shape, layers, stage_params, micro, precision: Precision, plan:
         else:
             if shape is None:
                 notes.append("ZeRO-3 without layer shapes: one gather per pass counted (latency understated)")
-            blocks, root = _zero3_units(shape, params)
+            blocks, root = zero3_units(shape, params)
             zpp = plan.zeropp_options
             hosts = plan.dp // plan.ranks_per_host if zpp.any else 1
             if hosts > 1:
-                rows += _zeropp_rows(zpp, blocks, root, m, plan, precision, notes)
+                rows += zeropp_rows(zpp, blocks, root, m, plan, precision, notes)
             else:
                 n, p = blocks
                 rows.append(("parameters all-gather, forward", "all_gather", "dp", m * n * p * precision.param_bytes,
@@ -288,7 +310,7 @@ def _collectives(shape, layers, stage_params, micro, precision: Precision, plan:
                 rows.append(("gradients reduce-scatter", "reduce_scatter", "dp", m * n * p * precision.grad_bytes,
                              m * n))
                 if root:
-                    rows += _root_rows(root, m, precision)
+                    rows += root_rows(root, m, precision)
     if plan.pp > 1:
         if shape is None or micro is None:
             notes.append("pipeline activations between stages not counted (give the model shape and --batch)")
@@ -299,70 +321,10 @@ def _collectives(shape, layers, stage_params, micro, precision: Precision, plan:
                          2 * m))
     if plan.tp > 1:
         rows += tensor_parallel_rows(shape, layers, micro, precision.act_bytes, plan, notes)
+    moe = max(stages, key=lambda st: (st.moe_blocks, st.expert_params))
+    rows += dispatch_rows(shape, moe.moe_blocks, micro, precision.act_bytes, plan, notes)
+    rows += expert_gradient_rows(moe.expert_params, moe.moe_blocks, precision, plan)
     return rows, notes
-
-
-def _zero3_units(shape, params: int) -> tuple[tuple[int, int], int]:
-    """ZeRO-3's units as ringzero's ZeroDataParallel forms them for `ringzero train` (parallel/data_parallel/
-    zero_units.py; a unit per block): ((how many blocks, parameters of each), the root group's parameters,
-    the embedding, the final norm and the head, which is gathered once per forward and kept until the end of
-    its backward, and never has an hpz secondary). Without a shape: one unit of every parameter, gathered for
-    the forward and again for the backward, and no root."""
-    if shape is None:
-        return (1, params), 0
-    per_block = shape.layer_params()
-    return (shape.n_layer, per_block), params - shape.n_layer * per_block
-
-
-def _root_rows(root: int, m: int, precision: Precision) -> list:
-    """The root group's rows (_zero3_units): one all-gather and one reduce-scatter per micro-batch."""
-    return [("root group all-gather, embedding and head", "all_gather", "dp",
-             m * root * precision.param_bytes, m),
-            ("root group gradients reduce-scatter", "reduce_scatter", "dp", m * root * precision.grad_bytes, m)]
-
-
-def _zeropp_rows(zpp, blocks: tuple[int, int], root: int, m: int, plan: Plan, precision: Precision,
-                 notes: list) -> list:
-    """ZeRO-3's rows with ZeRO++'s options across hosts (parallel/data_parallel/zeropp.py), for the units of
-    _zero3_units. Groups: 'dp' (all data-parallel ranks), 'dp-host' (a host's: L) and 'dp-cross' (one per
-    host: H = dp / L). Block quantization adds a float32 scale per zpp.block values."""
-    L, H = plan.ranks_per_host, plan.dp // plan.ranks_per_host
-    n, per_block = blocks
-    units = n + (1 if root else 0)
-    params = n * per_block + root
-    block_weights = n * per_block * precision.param_bytes
-    rows = []
-    # Gathers from the masters: the blocks' first forward of each step (every gather without hpz), and the
-    # root's one gather per forward.
-    from_masters = m if zpp.hpz else 2 * m
-    gathered = from_masters * n * per_block + m * root  # parameters gathered from the masters per step
-    gathers = from_masters * n + (m if root else 0)
-    if zpp.qw:  # across hosts (H shards per call), then in the host (all dp shards)
-        q8 = gathered * (1 + 4 / zpp.block)  # int8 values and their scales
-        rows.append(("weights all-gather, int8 (qw), across hosts", "all_gather", "dp-cross", q8 * H / plan.dp, gathers))
-        rows.append(("weights all-gather, int8 (qw), in the host", "all_gather", "dp-host", q8, gathers))
-    else:
-        rows.append(("parameters all-gather from the masters", "all_gather", "dp", from_masters * block_weights,
-                     from_masters * n))
-        if root:
-            rows.append(_root_rows(root, m, precision)[0])
-    if zpp.hpz:  # every other gather of the step reads the in-host secondary shard
-        rows.append(("weights all-gather from the secondary (hpz)", "all_gather", "dp-host",
-                     (2 * m - from_masters) * block_weights, (2 * m - from_masters) * n))
-    if zpp.qg_bits:  # reduce-scatter in the host (full precision), then an all-to-all of H quantized rows
-        rows.append(("gradients reduce-scatter in the host (qg)", "reduce_scatter", "dp-host",
-                     m * params * precision.grad_bytes, m * units))
-        per_row = params / plan.dp * (zpp.qg_bits / 8 + 4 / zpp.block)
-        rows.append((f"gradients all-to-all, int{zpp.qg_bits} (qg), across hosts", "all_to_all", "dp-cross",
-                     m * H * per_row, m * units))
-    else:
-        rows.append(("gradients reduce-scatter", "reduce_scatter", "dp", m * n * per_block * precision.grad_bytes,
-                     m * n))
-        if root:
-            rows.append(_root_rows(root, m, precision)[1])
-    notes.append(f"ZeRO++ {zpp.names()}: {H} hosts x {L} ranks; block padding and the float32 scales of partial "
-                 "blocks are not counted")
-    return rows
 
 
 def cross_host_bytes(e: "Estimate") -> float | None:
@@ -373,12 +335,12 @@ def cross_host_bytes(e: "Estimate") -> float | None:
     (2 MiB and up: transports.block_segment_numel), else on the flat ring over all dp ranks, ordered host by
     host, whose one link out of each host carries (dp-1)/dp of the buffer; the 'dp-cross' ones ring or
     pairwise (each of the host's L ranks sends its share), 'dp-host' none. None without ranks_per_host or
-    with pipeline or tensor parallelism."""
+    with pipeline, tensor or expert parallelism (their groups are not counted here)."""
     from ..comm.transports import block_segment_numel
 
     plan = e.plan
     L = plan.ranks_per_host
-    if not L or plan.pp > 1 or plan.tp > 1:
+    if not L or plan.pp > 1 or plan.tp > 1 or any(c.group in ("ep", "edp") for c in e.collectives):
         return None
     H, W = plan.dp // L, plan.dp
     total = 0.0
@@ -414,13 +376,21 @@ def estimate(model, batch: int | None = None, precision: Precision | None = None
     micro = _micro_batch(batch, plan)
     if shape is not None:
         shape.check_tp(plan.tp)
-    layers, stage_params = _stage_params(shape, n_params, plan)
-    stages = [_stage_memory(i, layers[i], stage_params[i], shape, micro, precision, plan) for i in range(plan.pp)]
-    rows, notes = _collectives(shape, layers, stage_params, micro, precision, plan)
+    if shape is not None and shape.moe is not None:
+        shape.moe.check_layout(plan.ep, plan.tp, plan.zeropp)
+    elif plan.ep > 1:
+        raise ValueError(f"ep={plan.ep} needs a mixture-of-experts model (e.g. --model mixtral-8x7b)")
+    layers, stage_params, stage_experts = _stage_params(shape, n_params, plan)
+    starts = [sum(layers[:i]) for i in range(plan.pp)] if shape is not None else [0] * plan.pp
+    moe_blocks = [shape.moe.count(a, a + n) if shape is not None and shape.moe else 0 for a, n in zip(starts, layers)]
+    stages = [_stage_memory(i, layers[i], stage_params[i], stage_experts[i], moe_blocks[i], shape, micro, precision,
+                            plan) for i in range(plan.pp)]
+    rows, notes = _collectives(shape, layers, stages, micro, precision, plan)
     collectives = []
     for what, op, group, nbytes, calls in rows:
         L = plan.ranks_per_host or plan.dp
-        size = {"dp": plan.dp, "pp": plan.pp, "tp": plan.tp, "dp-host": L, "dp-cross": plan.dp // L}[group]
+        size = {"dp": plan.dp, "pp": plan.pp, "tp": plan.tp, "dp-host": L, "dp-cross": plan.dp // L, "ep": plan.ep,
+                "edp": plan.edp}[group]
         c = Collective(what, op, group, size, nbytes, calls, sent_per_rank(op, nbytes, size))
         if cluster is not None:
             c.times_s = {algo: calls * t for algo, t in
@@ -450,6 +420,13 @@ def _worst_group(group: str, plan: Plan, cluster: Cluster) -> GroupShape:
         groups = [[rank(s, d, t) for d in range(dp)] for s in range(pp) for t in range(tp)]
     elif group == "tp":
         groups = [[rank(s, d, t) for t in range(tp)] for s in range(pp) for d in range(dp)]
+    elif group in ("ep", "edp"):
+        worst = max((group_shape(r, g) for r in expert_groups(plan, rank)[group]), key=lambda gs: (gs.nodes, -gs.local))
+        # Every rank of a node belongs to one group of each kind, and all of them exchange at once: a group
+        # crossing nodes shares the node's NICs with the node's other ranks (GroupShape.siblings).
+        if worst.nodes > 1 and worst.local:
+            worst = dataclasses.replace(worst, siblings=min(g, plan.world) // worst.local)
+        return worst
     else:  # neighbouring stages: a point-to-point pair crossing a node boundary is the slow one
         groups = [[rank(s, d, t), rank(s + 1, d, t)] for s in range(pp - 1) for d in range(dp) for t in range(tp)]
     return max((group_shape(r, g) for r in groups), key=lambda gs: (gs.nodes, -gs.local))

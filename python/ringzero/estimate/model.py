@@ -18,6 +18,7 @@ import dataclasses
 
 from ..models.gpt import RECOMPUTE_KINDS
 from .checks import positive_ints
+from .moe import MoE, blocks_params
 
 ACTIVATION_FORMULA = ("Korthikanti et al. 2022, 'Reducing Activation Recomputation in Large Transformer "
                       "Models': 34sbh + 5as^2b bytes per layer with 16-bit activations and dropout")
@@ -73,11 +74,20 @@ class ModelShape:
     """'learned' (a table of seq_len x h parameters) or 'rotary' (no parameters)."""
     bias: str = "all"
     """One of BIAS_KINDS."""
+    head_dim: int | None = None
+    """Width of one attention head; None: d_model / n_head. Set where the heads' width differs from the
+    hidden size (the DeepSeek-V3 preset: 128 heads x 128)."""
+    attention_params: int | None = None
+    """Parameters of one block's attention where it is not multi-head attention over the heads above
+    (DeepSeek-V3's MLA: its low-rank projections and their norms); None: q, k, v and proj from the heads.
+    The activations still follow the heads (an approximation, said in the report)."""
+    moe: MoE | None = None
+    """Mixture of experts (estimate/moe.py); None: every block has the dense MLP."""
 
     def __post_init__(self):
         positive_ints("model ", **{k: getattr(self, k) for k in
                                    ("n_layer", "d_model", "n_head", "vocab_size", "seq_len", "mlp_ratio")})
-        if self.d_model % self.n_head:
+        if self.head_dim is None and self.d_model % self.n_head:
             raise ValueError(f"model n_head={self.n_head} must divide d_model (hidden)={self.d_model}; "
                              f"choose heads among the divisors of {self.d_model}")
         if self.attention not in ATTENTION_KINDS:
@@ -86,7 +96,7 @@ class ModelShape:
                             ("bias", BIAS_KINDS)):
             if getattr(self, name) not in kinds:
                 raise ValueError(f"model {name}={getattr(self, name)!r}: use one of {kinds}")
-        for name in ("kv_heads", "mlp_width"):
+        for name in ("kv_heads", "mlp_width", "head_dim", "attention_params"):
             if getattr(self, name) is not None:
                 positive_ints("model ", **{name: getattr(self, name)})
         if self.n_head % self.kv:
@@ -100,7 +110,28 @@ class ModelShape:
     @property
     def kv_dim(self) -> int:
         """Width of the keys (and of the values): kv heads x head size."""
-        return self.kv * (self.d_model // self.n_head)
+        return self.kv * self.head_size
+
+    @property
+    def head_size(self) -> int:
+        """Width of one attention head."""
+        return self.head_dim or self.d_model // self.n_head
+
+    @property
+    def q_dim(self) -> int:
+        """Width of the queries (and of the proj input): heads x head size (the hidden size unless head_dim
+        says otherwise)."""
+        return self.n_head * self.head_size
+
+    @property
+    def mlp_matrices(self) -> int:
+        """Weight matrices of one MLP: gate, up and down (swiglu), else in and out."""
+        return 3 if self.mlp == "swiglu" else 2
+
+    @property
+    def mlp_kept(self) -> int:
+        """Tensors of the MLP's hidden width kept for backward (MLP_KEPT)."""
+        return MLP_KEPT[self.mlp]
 
     @property
     def width(self) -> int:
@@ -148,6 +179,8 @@ class ModelShape:
         """tp if this model splits over tp tensor-parallel ranks (whole heads and MLP units per rank)."""
         if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
             raise ValueError(f"tp must be a positive int, got {tp!r}")
+        if tp > 1 and self.attention_params is not None:
+            raise ValueError(f"tp={tp}: the split of attention_params over tensor-parallel ranks is not modelled")
         if self.n_head % tp or self.kv % tp or self.width % tp:
             raise ValueError(f"tp={tp} must divide the heads ({self.n_head}), the key/value heads ({self.kv}) and "
                              f"the MLP width ({self.width}); choose tp among the divisors of {self.kv}")
@@ -170,24 +203,31 @@ class ModelShape:
         norms): qkv 3h^2+3h, proj h^2+h, fc rh^2+rh, out rh^2+h, norms 4h. Over t ranks the weight
         matrices and the column-split layers' biases (q, k, v and the MLP's input) are split; the norms
         and the row-split layers' biases (proj, the MLP's output) are not."""
-        h, k, w = self.d_model, self.kv_dim, self.width
-        ins = 3 if self.mlp == "swiglu" else 2  # weight matrices of the MLP (gate, up, down or fc, out)
-        split = 2 * h * h + 2 * h * k + ins * h * w
+        h, k, w, q = self.d_model, self.kv_dim, self.width, self.q_dim
+        ins = self.mlp_matrices
+        attention = 2 * h * q + 2 * h * k if self.attention_params is None else self.attention_params
+        split = attention + ins * h * w
         whole = 2 * self.norm_params
         if self.bias in ("all", "qkv"):
-            split += h + 2 * k
+            split += q + 2 * k
         if self.bias == "all":
             split += (ins - 1) * w
             whole += 2 * h
         return split // self.check_tp(tp) + whole
+
+    def mlp_params(self) -> int:
+        """The dense MLP of one block on one rank without tensor parallelism: its matrices, and its biases
+        where `bias` is 'all' (what a MoE block replaces)."""
+        return self.mlp_matrices * self.d_model * self.width + (
+            (self.mlp_matrices - 1) * self.width + self.d_model if self.bias == "all" else 0)
 
     def head_params(self, tp: int = 1) -> int:
         """Final norm (whole) and, unless tied, the V*h projection (vocabulary-parallel)."""
         return self.norm_params + (0 if self.tied_embeddings else self.vocab_rows(tp) * self.d_model)
 
     def n_params(self) -> int:
-        """Every distinct parameter once (a tied table counts once)."""
-        return self.embedding_params() + self.n_layer * self.layer_params() + self.head_params()
+        """Every distinct parameter once (a tied table counts once; every expert of a MoE model)."""
+        return self.embedding_params() + sum(blocks_params(self, 0, self.n_layer)) + self.head_params()
 
     # ---- activations (bytes kept for backward) --------------------------------------------------------
     def layer_activation_bytes(self, micro_batch: int, act_bytes: int, recompute: str = "none", tp: int = 1,
@@ -230,7 +270,7 @@ class ModelShape:
             return e * sbh // shard
         rms = 2 * e * sbh if self.norm == "rms" else 0  # the normalised inputs of RMSNorms written in Python
         whole = 4 * e * sbh + rms + (2 * sbh if self.dropout else 0)  # norm inputs, qkv and fc inputs, masks
-        split = e * s * b * (2 * h + 2 * self.kv_dim + MLP_KEPT[self.mlp] * self.width)  # Q, K, V, proj in, MLP
+        split = e * s * b * (2 * self.q_dim + 2 * self.kv_dim + MLP_KEPT[self.mlp] * self.width)  # Q, K, V, proj in, MLP
         if self.attention == "eager" and recompute == "none":
             split += e * as2b  # softmax output
             if self.dropout:
@@ -279,6 +319,9 @@ class ModelShape:
         mlp += "" if self.mlp == "gelu" else f" {self.mlp}"
         rest = "".join(f", {k} {v}" for k, v, default in (("norm", self.norm, "layer"), ("positions", self.positions,
                        "learned"), ("biases", self.bias, "all")) if v != default)
+        rest += f", head size {self.head_dim}" if self.head_dim else ""
+        rest += f", attention weights {self.attention_params} per block" if self.attention_params is not None else ""
+        rest += f"; {self.moe.describe()}" if self.moe else ""
         return (f"{self.n_layer} layers, hidden {self.d_model}, {self.n_head} heads{kv}, vocab {self.vocab_size}, "
                 f"seq {self.seq_len}, {mlp}{tied}, attention {self.attention}, "
                 f"dropout {'on' if self.dropout else 'off'}{rest}")

@@ -21,8 +21,19 @@ bandwidth B (per direction, per GPU); a collective is its steps in sequence:
                           host's cores move fewer bytes than its NICs (Cluster.host_bytes_per_s), they
                           cap the cross-node rate and the steps run one after another on them
 
+  pairwise all-to-all      (n-1) alpha + (n-1)/n M/B       every pair directly (the flat form; gloo's and NCCL's):
+                          n-1 blocks of M/n leave each rank; across nodes at the slower link, the n_local
+                          ranks of a node crossing at once and sharing its NICs
+  one-shot all-to-all     alpha + (n-1)/n M/B             inside a node: every rank reads its blocks from its peers
+  hierarchical all-to-all (N-1) alpha_inter + (N-1)/N M/B_inter'  then  alpha_intra + (n_local-1)/n_local M/B_intra
+                          N nodes: each rank sends its counterpart on every other node one message, all its
+                          blocks for that node's ranks (M/N); the node's n_local ranks share its NICs as the
+                          hierarchical all-reduce's rings do (B_inter' = cross_link(n_local)); then a one-shot
+                          all-to-all in the node hands each rank what arrived for it and the node's own blocks
+                          (ringzero's comm/exchange.py all_to_all_hierarchical); not pipelined
+
 M is the whole buffer as nccl-tests counts it (all-reduce: the tensor; reduce-scatter: the input;
-all-gather: the output). One-shot and two-shot need every peer's memory (NVLink/NVSwitch, shared
+all-gather: the output; all-to-all: what one rank sends, its own block included). One-shot and two-shot need every peer's memory (NVLink/NVSwitch, shared
 memory), so they apply only inside a node; across nodes a flat ring runs at the slower link.
 """
 from __future__ import annotations
@@ -228,6 +239,39 @@ def _hierarchical(op: str, nbytes: float, shape: GroupShape, cluster: Cluster) -
     return max(in_node, cross) + min(in_node, cross) / segments
 
 
+def _pairwise_all_to_all(nbytes: float, n: int, link: Link) -> float:
+    """n - 1 exchanges of nbytes / n, one per peer, each paying the link's latency."""
+    if n == 1:
+        return 0.0
+    return (n - 1) * (link.latency_s + nbytes / n / link.bytes_per_s)
+
+
+def _hierarchical_all_to_all(nbytes: float, shape: GroupShape, cluster: Cluster) -> float:
+    """One message of nbytes / nodes to each other node, then the node's one-shot all-to-all of the whole
+    buffer (what arrived and the node's own blocks). Every rank of every sibling group on a node crosses at
+    once, so the node's NICs are shared by local * siblings streams."""
+    across, inside = shape.nodes, shape.local
+    cross_link = cluster.cross_link(inside * shape.siblings)
+    cross = (across - 1) * cross_link.latency_s + (across - 1) / across * nbytes / cross_link.bytes_per_s
+    return cross + _one_shot("all_to_all", nbytes, inside, cluster.intra)
+
+
+def _all_to_all_times(nbytes: float, shape: GroupShape, cluster: Cluster) -> dict[str, float]:
+    """The all-to-all's algorithms for this group. The pairwise form is reported under 'ring' (the
+    column of the flat, step-by-step algorithm; send_recv does the same) so dense reports keep their
+    columns. Across nodes every local rank sends over the NICs at once, unlike a ring's one stream per
+    node boundary: the flat form's link is shared by local * siblings streams (one when uneven)."""
+    if shape.nodes == 1:
+        return {"ring": _pairwise_all_to_all(nbytes, shape.n, cluster.intra),
+                "one-shot": _one_shot("all_to_all", nbytes, shape.n, cluster.intra)}
+    shared = cluster.cross_link(max(1, shape.local) * shape.siblings)
+    slow = Link(min(cluster.intra.bytes_per_s, shared.bytes_per_s), max(cluster.intra.latency_s, shared.latency_s))
+    times = {"ring": _pairwise_all_to_all(nbytes, shape.n, slow)}
+    if shape.local > 1:
+        times["hierarchical"] = _hierarchical_all_to_all(nbytes, shape, cluster)
+    return times
+
+
 def collective_times(op: str, nbytes: float, shape: GroupShape, cluster: Cluster) -> dict[str, float]:
     """Seconds of one call of `op` on an nbytes buffer for each algorithm that applies to this group
     (missing keys do not apply). send_recv is one point-to-point message, reported as 'ring'."""
@@ -240,8 +284,8 @@ def collective_times(op: str, nbytes: float, shape: GroupShape, cluster: Cluster
     # sibling groups that cross at once (Cluster.cross_link).
     slow = Link(min(cluster.intra.bytes_per_s, cluster.cross_link(shape.siblings).bytes_per_s),
                 max(cluster.intra.latency_s, cluster.inter.latency_s))
-    if op == "all_to_all":  # n - 1 exchanges of nbytes / n (the pairwise algorithm gloo and NCCL run)
-        return {"ring": _ring("all_gather", nbytes, n, cluster.intra if shape.nodes == 1 else slow)}
+    if op == "all_to_all":
+        return _all_to_all_times(nbytes, shape, cluster)
     if shape.nodes == 1:
         link = cluster.intra
         if op == "send_recv":

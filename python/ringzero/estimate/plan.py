@@ -118,6 +118,11 @@ class Plan:
     """zero3 only: ZeRO++'s options as ZeroDataParallel takes them (e.g. 'hpz,qw,qg'); needs ranks_per_host."""
     ranks_per_host: int = 0
     """Data-parallel ranks per host where zeropp is set (the in-host groups of hpz and qg); must divide dp."""
+    ep: int = 1
+    """Expert-parallel ranks (mixture-of-experts models): each MoE block's experts are sharded over groups of
+    ep neighbouring data-parallel ranks (parallel.Mesh's "ep" axis), which exchange tokens by all-to-all;
+    ep divides dp, as in Megatron and DeepSpeed-MoE. Expert gradients are reduced, and ZeRO shards expert
+    state, over the edp = dp / ep ranks holding the same experts; everything else over all dp ranks."""
     layout: Layout = dataclasses.field(init=False, repr=False, compare=False)
     """Derived: strategy, world, pp and tp validated by parallel.layout's rules, shared with `ringzero train`."""
 
@@ -127,7 +132,10 @@ class Plan:
             raise ValueError(f"sequence_parallel must be True or False, got {self.sequence_parallel!r}")
         if self.sequence_parallel and self.tp == 1:
             raise ValueError("sequence_parallel splits the sequence over the tensor-parallel ranks: it needs tp > 1")
-        positive_ints("", microbatches=self.microbatches, bucket_bytes=self.bucket_bytes)
+        positive_ints("", microbatches=self.microbatches, bucket_bytes=self.bucket_bytes, ep=self.ep)
+        if self.dp % self.ep:
+            raise ValueError(f"ep ({self.ep}) does not divide the data-parallel degree dp ({self.dp}): expert "
+                             "parallelism splits the data-parallel ranks")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule={self.schedule!r}: use one of {SCHEDULES}")
         if self.layers_per_stage is not None:
@@ -162,6 +170,11 @@ class Plan:
         return self.layout.dp
 
     @property
+    def edp(self) -> int:
+        """Ranks holding the same experts (expert data parallelism): dp / ep."""
+        return self.dp // self.ep
+
+    @property
     def zero_stage(self) -> int:
         """0 for DDP and plain pipeline, else the ZeRO stage: 1 shards optimizer state, 2 also
         gradients, 3 also parameters, each over the dp ranks of a stage."""
@@ -172,4 +185,5 @@ class Plan:
                 f"{self.schedule}" if self.pp > 1 else f", {self.dp} data-parallel ranks")
         tensor = (f", {self.tp} tensor-parallel{' with sequence parallelism' if self.sequence_parallel else ''}"
                   if self.tp > 1 else "")
-        return f"{self.strategy}{pipe}{tensor}, recompute {self.recompute}"
+        expert = f", {self.ep} expert-parallel ({self.edp} holding the same experts)" if self.ep > 1 else ""
+        return f"{self.strategy}{pipe}{tensor}{expert}, recompute {self.recompute}"

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from .core import Estimate, cross_host_bytes, optimizer_bytes_per_param
+from .moe import active_params
 from .network import ALGORITHMS
 
 
@@ -36,7 +37,8 @@ def memory_lines(est: Estimate) -> list[str]:
     st, prec, plan = est.peak, est.precision, est.plan
     where = f"; the fullest pipeline stage is {st.stage} of 0..{plan.pp - 1}" if plan.pp > 1 else ""
     z, count = plan.zero_stage, fmt_count(st.params)
-    held = lambda sharded: f"{count} / {plan.dp} ranks" if sharded else f"{count} (all)"  # noqa: E731
+    split = f"; experts / {plan.edp}" if st.expert_params and plan.edp != plan.dp else ""  # ZeRO over edp for them
+    held = lambda sharded: f"{count} / {plan.dp} ranks{split}" if sharded else f"{count} (all)"  # noqa: E731
     lines = [f"memory per GPU (GB = 1e9 bytes{where})",
              f"  {'term':<44} {'B/param':>7}  {'parameters held':<20} {'bytes':>11}"]
     for name, per, sharded, nbytes in (("parameters", prec.param_bytes, z >= 3, st.param_bytes),
@@ -44,6 +46,8 @@ def memory_lines(est: Estimate) -> list[str]:
                                        ("optimizer state (master copy and moments)", optimizer_bytes_per_param(prec, plan), z >= 1,
                                         st.optimizer_bytes)):
         lines.append(f"  {name:<44} {per:>7}  {held(sharded):<20} {fmt_bytes(nbytes):>11}")
+    if st.expert_params:
+        lines.append(_expert_line(est))
     width = 75
     if st.activation_bytes is None:
         lines.append(f"  {'activations':<{width}}{'-':>11}")
@@ -64,6 +68,16 @@ def memory_lines(est: Estimate) -> list[str]:
     lines.append(f"  {'total':<{width}}{fmt_bytes(st.total_bytes):>11}")
     lines.append("  (all terms at once: gradients counted as allocated throughout, as bucketed reductions keep them)")
     return lines
+
+
+def _expert_line(est: Estimate) -> str:
+    """The experts' share of the parameters row: E / ep experts per MoE block on this rank, ZeRO-3 sharding
+    them over the edp ranks holding the same experts."""
+    st, plan, moe = est.peak, est.plan, est.model.moe
+    count = fmt_count(st.expert_params) + (f" / {plan.edp} ranks" if plan.zero_stage >= 3 else " (all)")
+    name = f"of which experts ({moe.experts // plan.ep} of {moe.experts} x {st.moe_blocks} MoE blocks)"
+    nbytes = -(-st.expert_params // (plan.edp if plan.zero_stage >= 3 else 1)) * est.precision.param_bytes
+    return f"  {name:<44} {est.precision.param_bytes:>7}  {count:<20} {fmt_bytes(nbytes):>11}"
 
 
 def comm_lines(est: Estimate) -> list[str]:
@@ -98,7 +112,8 @@ def time_lines(est: Estimate) -> list[str]:
 
 
 def header_lines(est: Estimate) -> list[str]:
-    model = (f"{est.model.describe()} = {fmt_count(est.n_params)} parameters" if est.model is not None
+    active = f" ({fmt_count(active_params(est.model))} active)" if est.model is not None and est.model.moe else ""
+    model = (f"{est.model.describe()} = {fmt_count(est.n_params)} parameters{active}" if est.model is not None
              else f"{fmt_count(est.n_params)} parameters (count only)")
     batch = (f"; batch {est.batch} sequences per step ({est.micro_batch} per micro-batch)"
              if est.batch is not None else "")
