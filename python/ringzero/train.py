@@ -1,6 +1,6 @@
-"""`ringzero train`: trains the byte-level GPT (or a small random Hugging Face model, --model hf:llama,
-hf:gpt2, hf:qwen2) on the standard library's sources with one strategy, or several in turn (`--compare`)
-on the same data and seed, and prints one table (and a PNG).
+"""`ringzero train`: trains the byte-level GPT (its mixture-of-experts form, --model moe, or a small random
+Hugging Face model, --model hf:llama, hf:gpt2, hf:qwen2) on the standard library's sources with one
+strategy, or several in turn (`--compare`) on the same data and seed, and prints one table (and a PNG).
 
     ringzero train --strategy zero2 --nproc 2
     ringzero train --compare ddp,zero1,zero2,zero3,pp --nproc 2 --out runs/compare
@@ -8,6 +8,7 @@ on the same data and seed, and prints one table (and a PNG).
     ringzero train --compare ddp,tp,tp+zero1 --nproc 4 --tp 2 --sequence-parallel
     ringzero train --strategy 3d --nproc 4 --tp 2 --pp 2
     ringzero train --model hf:llama --kv-heads 2 --compare ddp,zero3,pp,tp --nproc 2
+    ringzero train --model moe --compare ep,ep+zero1,torch-ep --nproc 2
 
 Each strategy runs in fresh processes (so peak memory is its own); rank 0 writes a JSON summary that
 the parent collects. Under torchrun, only --strategy is accepted and the current processes train.
@@ -26,7 +27,7 @@ import torch.distributed as dist
 from .parallel.layout import ALL_STRATEGIES, is_tensor_parallel
 from .parallel.pipeline.schedules import SCHEDULES
 from .trainer.layout import BASELINES, RUNS, SCHEDULE_NOTES
-from .trainer.models import MODELS
+from .trainer.models import MOE_EXPERTS, MOE_TOP_K, MODELS
 
 
 def parse_args(argv=None):
@@ -57,6 +58,9 @@ def parse_args(argv=None):
                    "256, no download; needs pip install ringzero[hf])")
     p.add_argument("--kv-heads", type=int, default=None, help="hf:llama, hf:qwen2: key/value heads for grouped-query "
                    "attention (default: --heads)")
+    p.add_argument("--experts", type=int, default=None, help=f"moe: experts per MoE block (default {MOE_EXPERTS}); "
+                   "--nproc must divide it for ep, ep+zero1, torch-ep")
+    p.add_argument("--top-k", type=int, default=None, help=f"moe: experts each token goes to (default {MOE_TOP_K})")
     p.add_argument("--recompute", default="none", help="activation recomputation: none, selective (the attention "
                    "core between qkv and proj), full (each transformer block from its input); default none")
     p.add_argument("--zeropp", default=None, help="zero3 across hosts: ZeRO++'s options, comma-separated: hpz (backward's "
@@ -88,9 +92,11 @@ def parse_args(argv=None):
         # --compare ignores --tp in its other rows (as --pp), but a --tp that no row uses is a mistake
         p.error(f"--tp {args.tp} needs a tensor-parallel strategy (tp, tp+zero1, 3d) among the runs")
     for name in ("nproc", "steps", "batch", "seq", "layers", "d_model", "heads", "microbatches", "val_batches",
-                 "kv_heads"):
+                 "kv_heads", "experts", "top_k"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
+    if (args.experts or args.top_k) and args.model != "moe":
+        p.error(f"--experts and --top-k shape --model moe's experts; --model {args.model} has none")
     if args.val_every < 0 or args.save_every < 0:
         p.error("--val-every and --save-every must be >= 0")
     if args.zeropp is not None:
@@ -148,9 +154,15 @@ def _device_note(args) -> str:
 
 
 def _model_note(args) -> str:
-    """The header's model name: nothing for the byte GPT (as before), the family and its shape for hf."""
+    """The header's model name: nothing for the byte GPT (as before), the family and its shape for hf and moe."""
     if args.model == "gpt":
         return ""
+    if args.model == "moe":
+        from .trainer.models import model_family
+
+        moe = model_family(args).moe_config
+        return (f"moe ({args.layers} layers, d {args.d_model}, {args.heads} heads; {moe.experts} experts of width "
+                f"{moe.hidden}, top-{moe.top_k}, every {moe.every}nd block) ")
     kv = f", {args.kv_heads} kv heads" if args.kv_heads not in (None, args.heads) else ""
     return f"{args.model} ({args.layers} layers, d {args.d_model}, {args.heads} heads{kv}) "
 
@@ -200,6 +212,10 @@ def main(argv=None):
     notes = {r.get("estimate_note") for r in results} - {None}
     for note in sorted(notes):
         print(f"estimate: {note}")
+    if any("train_aux_losses" in r for r in results):
+        print("train loss and val loss: the language-model cross-entropy; training also adds the load-balancing "
+              "loss (results.json: train_aux_losses). a2a s: seconds in the all-to-alls of dispatch and combine "
+              "(in comm s too for a ringzero row)")
     for s, why in failed:
         print(f"{s}: did not run: {why}")
     if args.out:

@@ -20,6 +20,9 @@ class StrategyForm:
     """Tensor-parallel shards inside every replica (tp may exceed 1 in `ringzero train`)."""
     zero_stage: int
     """0: replicated (DDP); 1 shards optimizer state, 2 also gradients, 3 also parameters, over the replicas."""
+    expert_parallel: bool = False
+    """The experts of a mixture-of-experts model sharded over every rank (ep = dp = world, parallel/expert/);
+    the other parameters data parallel as zero_stage says."""
 
 
 STRATEGY_FORMS = {
@@ -33,17 +36,23 @@ STRATEGY_FORMS = {
     "tp": StrategyForm(pipeline=False, tensor_parallel=True, zero_stage=0),
     "tp+zero1": StrategyForm(pipeline=False, tensor_parallel=True, zero_stage=1),
     "3d": StrategyForm(pipeline=True, tensor_parallel=True, zero_stage=1),
+    "ep": StrategyForm(pipeline=False, tensor_parallel=False, zero_stage=0, expert_parallel=True),
+    "ep+zero1": StrategyForm(pipeline=False, tensor_parallel=False, zero_stage=1, expert_parallel=True),
 }
 """Every strategy name and its form: the one place a name is read, so nothing parses names elsewhere."""
 
-STRATEGIES = tuple(name for name, form in STRATEGY_FORMS.items() if not form.tensor_parallel)
+STRATEGIES = tuple(name for name, form in STRATEGY_FORMS.items()
+                   if not form.tensor_parallel and not form.expert_parallel)
 """Data parallel: ddp, zero1-3. Pipeline: pp (stages only), pp+zero1/2 (stages x ZeRO over replicas).
 The strategies ringzero.estimate takes; each may have tp > 1 there (Megatron's tensor parallelism
 inside every replica)."""
 TENSOR_PARALLEL_STRATEGIES = tuple(name for name, form in STRATEGY_FORMS.items() if form.tensor_parallel)
 """tp: tensor parallel over tp ranks x DDP over the dp replicas; tp+zero1: ZeRO-1 over the replicas;
 3d: pp pipeline stages, each tensor parallel over tp ranks, ZeRO-1 over the dp replicas of a stage."""
-ALL_STRATEGIES = STRATEGIES + TENSOR_PARALLEL_STRATEGIES
+EXPERT_PARALLEL_STRATEGIES = tuple(name for name, form in STRATEGY_FORMS.items() if form.expert_parallel)
+"""ep: a mixture-of-experts model's experts sharded over all ranks, its other parameters under DDP; ep+zero1:
+those under ZeRO-1 instead (`ringzero train --model moe`; not modelled by the estimator yet)."""
+ALL_STRATEGIES = STRATEGIES + TENSOR_PARALLEL_STRATEGIES + EXPERT_PARALLEL_STRATEGIES
 """What `ringzero train` runs."""
 
 
@@ -132,6 +141,10 @@ class Layout:
     """The strategy has pipeline stages (pp, pp+zero1, pp+zero2, 3d)."""
     tensor_parallel: bool = dataclasses.field(init=False)
     """The strategy shards every replica over tensor-parallel ranks (tp, tp+zero1, 3d)."""
+    expert_parallel: bool = dataclasses.field(init=False)
+    """The strategy shards a mixture-of-experts model's experts over every rank (ep, ep+zero1)."""
+    ep: int = dataclasses.field(init=False)
+    """Ranks the experts are sharded over: dp (all ranks) for an expert-parallel strategy, else 1."""
 
     def __post_init__(self):
         form = form_of(self.strategy)
@@ -152,8 +165,10 @@ class Layout:
             raise LayoutError("pp_needs_pipeline",
                               f"strategy {self.strategy} has no pipeline but pp={self.pp}; use --strategy pp, "
                               f"pp+zero1, pp+zero2 or 3d, or --pp 1", pp=self.pp)
-        derived = dict(dp=self.world // (self.pp * self.tp), zero_stage=form.zero_stage, pipeline=form.pipeline,
-                       tensor_parallel=form.tensor_parallel)
+        dp = self.world // (self.pp * self.tp)
+        derived = dict(dp=dp, zero_stage=form.zero_stage, pipeline=form.pipeline,
+                       tensor_parallel=form.tensor_parallel, expert_parallel=form.expert_parallel,
+                       ep=dp if form.expert_parallel else 1)
         for name, value in derived.items():
             object.__setattr__(self, name, value)  # frozen: set once, here
 

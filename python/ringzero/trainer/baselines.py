@@ -6,6 +6,8 @@ batches, warm-up, AdamW hyperparameters and clip, written with the other library
     torch-pp         torch.distributed.pipelining, the same stages and schedule  (pp)   baselines_pipeline.py
     torch-tp         DTensor parallelize_module, the same split (and sequence    (tp)   baselines_tensor.py
                      parallelism with --sequence-parallel)
+    torch-ep         torch.distributed.all_to_all_single under the same expert   (ep)   baselines_expert.py
+                     sharding, torch DDP over the other parameters
     deepspeed-zeroK  deepspeed.initialize with ZeRO stage K                      (zeroK) baselines_deepspeed.py
 
 The torch rows use torch.optim.AdamW and torch's gradient-norm clip. They run on env.baseline_group
@@ -30,12 +32,14 @@ LIKE_FOR_LIKE = {
     "ddp": ("torch-ddp",), "zero1": ("deepspeed-zero1", "torch-ddp"), "zero2": ("deepspeed-zero2", "torch-fsdp2"),
     "zero3": ("torch-fsdp2", "deepspeed-zero3"), "pp": ("torch-pp", "torch-ddp"),
     "pp+zero1": ("torch-ddp",), "pp+zero2": ("torch-fsdp2",),
-    "tp": ("torch-tp", "torch-ddp"), "tp+zero1": ("torch-tp", "torch-ddp"), "3d": ("torch-ddp",)}
+    "tp": ("torch-tp", "torch-ddp"), "tp+zero1": ("torch-tp", "torch-ddp"), "3d": ("torch-ddp",),
+    "ep": ("torch-ep",), "ep+zero1": ("torch-ep",)}
 """For each ringzero row, the stock rows its ratio may be taken against, the like-for-like one first; the
 first that ran is used (report.ratios). zero1/zero2 against DeepSpeed's same stage (else DDP, the same
 replicated weights, and FSDP2, an upper bound for ZeRO-2's memory savings); zero3 against FSDP2, whose
-sharding is ZeRO-3's; pp and tp against torch's pipelining and DTensor on the same split; the runs
-without a stock counterpart (pp+zeroK, 3d) against the data-parallel row of the same sharding."""
+sharding is ZeRO-3's; pp and tp against torch's pipelining and DTensor on the same split; ep and ep+zero1
+against torch-ep (the same experts per rank over torch's all-to-all); the runs without a stock counterpart
+(pp+zeroK, 3d) against the data-parallel row of the same sharding."""
 
 
 def device_mesh(device_type: str, group):

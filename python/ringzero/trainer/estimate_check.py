@@ -4,16 +4,18 @@ from __future__ import annotations
 from .layout import BASELINE_LAYOUT, estimator_schedule, layout_of
 from .models import model_family
 
-ESTIMATOR_STRATEGY = {"tp": "ddp", "tp+zero1": "zero1", "3d": "pp+zero1"}
-"""The estimator's name for what each tensor-parallel run does across its replicas (the estimator puts
-tp > 1 under any strategy: Megatron's tensor parallelism inside every replica)."""
+ESTIMATOR_STRATEGY = {"tp": "ddp", "tp+zero1": "zero1", "3d": "pp+zero1", "ep": "ddp", "ep+zero1": "zero1"}
+"""The estimator's name for what each tensor- or expert-parallel run does across its replicas (the
+estimator puts tp > 1 and ep > 1 under any strategy: Megatron's tensor parallelism inside every replica,
+the experts sharded over ep data-parallel ranks)."""
 
 
 def estimate_for_run(args, run: str, world: int, layers_per_stage=None) -> dict:
     """ringzero.estimate's prediction for this run (float32 AdamW, the same model, batch and layout; a
     torch row takes the layout of its ringzero counterpart, layout.BASELINE_LAYOUT): the fullest rank's
     total, each rank's total (rank r is stage r // dp) and the terms of the fullest. A tensor-parallel
-    run is estimated with its tp degree and sequence parallelism; its ranks' stages are r // (dp * tp).
+    run is estimated with its tp degree and sequence parallelism; its ranks' stages are r // (dp * tp). An
+    expert-parallel run (--model moe) with its ep degree (layout.ep: every rank).
     A model the estimator has no shape for (an hf model: models.HFFamily.estimate_model) is given as its
     parameter count, so its activations are not estimated; "estimate_note" says so (None otherwise)."""
     from ..estimate import Plan, estimate
@@ -23,7 +25,7 @@ def estimate_for_run(args, run: str, world: int, layers_per_stage=None) -> dict:
                 tp=layout.tp, sequence_parallel=bool(getattr(args, "sequence_parallel", False)) and layout.tp > 1,
                 microbatches=args.microbatches if layout.pipeline else 1,
                 schedule=estimator_schedule(args.schedule), recompute=getattr(args, "recompute", "none"),
-                layers_per_stage=tuple(layers_per_stage) if layers_per_stage else None)
+                layers_per_stage=tuple(layers_per_stage) if layers_per_stage else None, ep=layout.ep)
     model, note = model_family(args).estimate_model()
     e = estimate(model, batch=args.batch, plan=plan)
     mib = 2**20

@@ -5,16 +5,17 @@ schedule's own microbatch rules)."""
 from __future__ import annotations
 
 from ..models.gpt import RECOMPUTE_KINDS
-from ..parallel.layout import ALL_STRATEGIES, Layout, LayoutError
+from ..parallel.layout import ALL_STRATEGIES, Layout, LayoutError, form_of
 from ..parallel.pipeline.schedules import SCHEDULES, make_plan
 from .registry import run_class
 
-BASELINES = ("torch-ddp", "torch-fsdp2", "torch-pp", "torch-tp", "deepspeed-zero1", "deepspeed-zero2",
+BASELINES = ("torch-ddp", "torch-fsdp2", "torch-pp", "torch-tp", "torch-ep", "deepspeed-zero1", "deepspeed-zero2",
              "deepspeed-zero3")
 """Stock rows for --compare (trainer/baselines.py): torch DDP, FSDP2, torch.distributed.pipelining,
-DTensor tensor parallelism, and DeepSpeed's ZeRO stages (when deepspeed is installed)."""
+DTensor tensor parallelism, expert parallelism over torch.distributed.all_to_all_single with torch DDP,
+and DeepSpeed's ZeRO stages (when deepspeed is installed)."""
 RUNS = ALL_STRATEGIES + BASELINES
-BASELINE_LAYOUT = {"torch-ddp": "ddp", "torch-fsdp2": "zero3", "torch-pp": "pp", "torch-tp": "tp",
+BASELINE_LAYOUT = {"torch-ddp": "ddp", "torch-fsdp2": "zero3", "torch-pp": "pp", "torch-tp": "tp", "torch-ep": "ep",
                    "deepspeed-zero1": "zero1", "deepspeed-zero2": "zero2", "deepspeed-zero3": "zero3"}
 """The ringzero strategy with the same memory layout: used for the estimate column and the checks."""
 SCHEDULE_NOTES = {
@@ -58,6 +59,23 @@ def check_recompute(recompute: str) -> str:
     return recompute
 
 
+def expert_parallel_runs() -> tuple[str, ...]:
+    """The runs whose layout shards experts (ep, ep+zero1 and the stock torch-ep)."""
+    return tuple(r for r in RUNS if form_of(BASELINE_LAYOUT.get(r, r)).expert_parallel)
+
+
+def check_experts(run: str, layout: Layout, model) -> None:
+    """The one rule between models and runs on experts: a mixture-of-experts model (model.moe_config) trains
+    with the expert-parallel runs only (a dense run would drop its load-balancing loss; tp and pp do not
+    split experts), and those runs need one. ValueError, one line, naming both."""
+    runs = ", ".join(expert_parallel_runs())
+    if model.moe_config is not None and not layout.expert_parallel:
+        raise ValueError(f"{run} cannot train --model {model.name}: use an expert-parallel run ({runs})")
+    if model.moe_config is None and layout.expert_parallel:
+        raise ValueError(f"{run} shards the experts of a mixture-of-experts model: add --model moe "
+                         f"(--model {model.name} has none)")
+
+
 def check_run(run: str, nproc: int, pp: int | None, batch: int, microbatches: int, layers: int,
               schedule: str = "1F1B", precision: str = "fp32", tp: int | None = None, model=None,
               sequence_parallel: bool = False, recompute: str = "none") -> Layout:
@@ -71,6 +89,7 @@ def check_run(run: str, nproc: int, pp: int | None, batch: int, microbatches: in
     check_recompute(recompute)
     layout = layout_of(run, nproc, pp, tp)
     if model is not None:
+        check_experts(run, layout, model)
         model.check(layout, sequence_parallel)
     run_class(run).check(layout, schedule, model)  # the run class's own rules, where its code lives
     stages, dp = layout.pp, layout.dp

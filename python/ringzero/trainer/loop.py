@@ -117,7 +117,7 @@ def _train(args, run: str, env: RankEnv, stop_meter=lambda: None):
         bar = tqdm(total=args.steps, initial=start, desc=run, unit="step", dynamic_ncols=True)
     losses, vals, step_times = [], [], []
     initial_val = strategy_run.val_loss(val_batches) if start == 0 else float("nan")
-    comm0 = ringzero.comm_seconds()
+    comm0, a2a0 = ringzero.comm_seconds(), strategy_run.exchange_seconds()
     cuda = env.device.type == "cuda"
     for step in range(start, args.steps):
         if step == start + METERED_STEPS:
@@ -141,7 +141,11 @@ def _train(args, run: str, env: RankEnv, stop_meter=lambda: None):
     if bar is not None:
         bar.close()
 
-    comm_s = torch.tensor([ringzero.comm_seconds() - comm0], dtype=torch.float64)
+    a2a1 = strategy_run.exchange_seconds()
+    # The slowest rank's seconds; a2a (expert parallelism's all-to-alls, timed around the exchange function
+    # for ringzero's and torch's alike) is also inside comm for a ringzero row.
+    comm_s = torch.tensor([ringzero.comm_seconds() - comm0, a2a1 - a2a0 if a2a1 is not None else 0.0],
+                          dtype=torch.float64)
     ringzero.all_reduce(comm_s, op=ringzero.ReduceOp.MAX)
     # The first step includes one-time setup; the metered ones pay for counting.
     timed = step_times[METERED_STEPS:] or step_times[1:] or step_times
@@ -161,5 +165,7 @@ def _train(args, run: str, env: RankEnv, stop_meter=lambda: None):
         "step_ms": step_s * 1e3, "tokens_per_s": args.batch * args.seq / step_s,
         "step_ms_each": [round(t * 1e3, 3) for t in step_times],  # every step, the first included
         # ringzero's collectives only: a torch row's own communication is not counted, so it shows none.
-        "comm_s": None if run in BASELINES else float(comm_s),
+        "comm_s": None if run in BASELINES else float(comm_s[0]),
+        "a2a_s": None if a2a1 is None else float(comm_s[1]),
+        **strategy_run.summary(),
     }, strategy_run

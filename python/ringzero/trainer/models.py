@@ -1,7 +1,8 @@
 """The model families `ringzero train --model` trains, and what every strategy needs from one, decided
 here once (model_family) so that no run branches on the family:
 
-    family = model_family(args)        # GPTFamily ('gpt') or HFFamily ('hf:llama', 'hf:gpt2', 'hf:qwen2')
+    family = model_family(args)        # GPTFamily ('gpt'), MoEFamily ('moe') or HFFamily ('hf:llama', 'hf:gpt2',
+                                       # 'hf:qwen2')
     family.check(layout, sequence_parallel)  # ValueError, before any rank starts, for what it refuses
     model = family.build()             # the whole model, float32 on the CPU, the same weights on every rank
     model = model.to(device)           # (the caller's)
@@ -19,6 +20,8 @@ here once (model_family) so that no run branches on the family:
     family.checkpoint_note             # which runs can load each other's checkpoints, when not all can (or None)
     family.check_resume(saved, tp)     # ValueError when a checkpoint saved as `saved` (checkpoint_extra) cannot
                                        # resume at this tensor-parallel size
+    family.moe_config                  # the models.MoEConfig of a mixture-of-experts model (its MoE blocks'
+                                       # experts), None for a dense one: the expert-parallel runs need one
 
 Every family's logits are over the whole byte vocabulary (256) in the same data, so the losses of
 `--model gpt` and `--model hf:*` are the same quantity (models.lm_loss on full logits,
@@ -29,13 +32,18 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from ..models import GPT, Block, GPTConfig
+from ..models import GPT, Block, GPTConfig, MoEConfig, MoEGPT
 
 GPT_MODEL = "gpt"
+MOE_MODEL = "moe"
 HF_PREFIX = "hf:"
-MODELS = (GPT_MODEL, "hf:llama", "hf:gpt2", "hf:qwen2")
-"""What --model accepts: ringzero's byte GPT (models.GPT, the default) or a transformers family built
-from a small random config (models.hf.build_hf_model; needs `pip install ringzero[hf]`)."""
+MODELS = (GPT_MODEL, MOE_MODEL, "hf:llama", "hf:gpt2", "hf:qwen2")
+"""What --model accepts: ringzero's byte GPT (models.GPT, the default), its mixture-of-experts form
+(models.MoEGPT: MoEFamily) or a transformers family built from a small random config
+(models.hf.build_hf_model; needs `pip install ringzero[hf]`)."""
+MOE_EXPERTS, MOE_TOP_K, MOE_EVERY = 8, 2, 2
+"""--model moe's defaults: 8 experts per MoE block (--experts), each token to its top 2 (--top-k), every
+other block a MoE block (Switch's layout: blocks 1, 3, ...)."""
 VOCAB = 256
 """Bytes: the vocabulary of ringzero.data, for every family."""
 
@@ -55,6 +63,8 @@ class ModelFamily:
     name: str
     checkpoint_note = None
     """Which runs load each other's checkpoints, when not all of them can (None: all can)."""
+    moe_config = None
+    """The models.MoEConfig of a mixture-of-experts model, None for a dense one."""
 
     def checkpoint_extra(self, tp: int) -> dict:
         """What a checkpoint records about the model it holds (the trainer saves it as `extra`)."""
@@ -119,6 +129,57 @@ class GPTFamily(ModelFamily):
 
     def estimate_model(self):
         return self.config, None
+
+
+class MoEFamily(GPTFamily):
+    """models.MoEGPT: the byte GPT (--seq, --layers, --heads, --d-model, --recompute) whose every other block
+    (MOE_EVERY) has a mixture of --experts GELU expert MLPs (default 8) instead of its MLP, each token sent
+    to its --top-k (default 2), dropless, aux_loss_coef 0.01. An expert is half as wide as the dense MLP
+    (2 * d_model), so that a token's top-2 experts cost what the GPT's MLP costs: the same compute per token
+    as --model gpt with 8 / 2 = 4 times the MLP parameters in a MoE block (6.4M parameters at the default
+    size against the GPT's 3.3M). Trained only by the expert-parallel runs (trainer/layout.check_run)."""
+
+    name = MOE_MODEL
+
+    def __init__(self, args):
+        super().__init__(args)
+        self.device = getattr(args, "device", "cpu")
+        experts = getattr(args, "experts", None) or MOE_EXPERTS
+        top_k = getattr(args, "top_k", None) or MOE_TOP_K
+        try:
+            self.moe_config = MoEConfig(experts=experts, top_k=top_k, every=MOE_EVERY, hidden=2 * args.d_model)
+        except ValueError as e:
+            raise ValueError(f"--model moe: {e} (--experts, --top-k)") from None
+        if not any(self.moe_config.is_moe_layer(i) for i in range(args.layers)):
+            raise ValueError(f"--model moe: --layers {args.layers} leaves no MoE block (block i is one when "
+                             f"(i + 1) % {MOE_EVERY} == 0); use --layers {MOE_EVERY} or more")
+
+    def check(self, layout, sequence_parallel: bool = False):
+        """Refused: a number of ranks that does not divide the experts; CUDA (ringzero's all-to-all takes
+        CPU tensors so far). Which strategies may train it is trainer/layout.check_run's rule."""
+        if layout.expert_parallel and self.moe_config.experts % layout.ep:
+            raise ValueError(f"{layout.strategy}: --experts {self.moe_config.experts} do not divide evenly over the "
+                             f"{layout.ep} expert-parallel ranks (--nproc)")
+        if self.device != "cpu":
+            raise ValueError(f"--model moe runs on the CPU only so far (ringzero.all_to_all_single takes CPU tensors), "
+                             f"not --device {self.device}")
+
+    def build(self) -> nn.Module:
+        torch.manual_seed(self.seed)
+        return MoEGPT(self.config, self.moe_config)
+
+    def estimate_model(self):
+        """The estimator's shape of this model: the GPT's with its experts (estimate.MoE; parameter count
+        equal to the model's); estimate_check gives the Plan its ep."""
+        import dataclasses
+
+        from ..estimate import ModelShape
+        from ..estimate.moe import MoE
+
+        moe = self.moe_config
+        shape = ModelShape.from_gpt_config(self.config)
+        return dataclasses.replace(shape, moe=MoE(experts=moe.experts, top_k=moe.top_k, expert_width=moe.hidden,
+                                                  every=moe.every)), None
 
 
 class HFFamily(ModelFamily):
@@ -217,10 +278,11 @@ def check_model_name(name: str) -> str:
 
 def model_family(args):
     """The family of --model (args.model, default 'gpt') for these args (--seq, --layers, --d-model, --heads,
-    --kv-heads, --recompute, --seed). ValueError for an unknown name or a shape the family cannot have;
-    ImportError naming `pip install ringzero[hf]` for an hf model without transformers."""
+    --kv-heads, --recompute, --seed; --experts and --top-k for moe). ValueError for an unknown name or a shape
+    the family cannot have; ImportError naming `pip install ringzero[hf]` for an hf model without transformers."""
     name = check_model_name(getattr(args, "model", GPT_MODEL))
-    return GPTFamily(args) if name == GPT_MODEL else HFFamily(args)
+    return {GPT_MODEL: GPTFamily, MOE_MODEL: MoEFamily}.get(name, HFFamily)(args)
 
 
-__all__ = ["MODELS", "VOCAB", "ModelFamily", "GPTFamily", "HFFamily", "check_model_name", "free_parameters", "model_family"]
+__all__ = ["MODELS", "VOCAB", "ModelFamily", "GPTFamily", "MoEFamily", "HFFamily", "check_model_name",
+           "free_parameters", "model_family"]

@@ -1,6 +1,7 @@
 """The comparison's outputs: the table (with each ringzero row's ratio to its like-for-like stock row,
 baselines.LIKE_FOR_LIKE, named in the "vs" column) and the PNG (loss curves, peak memory per rank
-measured and estimated, tokens/s)."""
+measured and estimated, tokens/s). Runs with expert parallelism add an "a2a s" column (their all-to-alls,
+Run.exchange_seconds) and its ratio "a2a x"."""
 from __future__ import annotations
 
 import math
@@ -13,11 +14,16 @@ _COLUMNS = [("strategy", "{:<10}", "strategy"), ("train loss", "{:>10.4f}", "fin
             ("estimate MiB", "{:>12.1f}", "estimate_mib_per_rank"), ("comm s", "{:>7.2f}", "comm_s")]
 _RATIOS = [("vs", "{:<15}", "ref"), ("tok/s x", "{:>7.2f}", "tokens_per_s"),
            ("step x", "{:>6.2f}", "step_ms"), ("peak x", "{:>6.2f}", "peak_mib_per_rank")]
+_A2A = ("a2a s", "{:>6.2f}", "a2a_s")
+"""Seconds in expert parallelism's all-to-alls (slowest rank), shown when a row has them; a ringzero row's
+comm s includes them."""
+_A2A_RATIO = ("a2a x", "{:>6.2f}", "a2a_s")
 
 
 def ratios(results: list[dict]) -> dict[str, dict]:
     """For each ringzero row with a stock row in `results` (the first of LIKE_FOR_LIKE[row] that ran):
-    that row's name ('ref') and our value over theirs for tokens/s, step time and peak memory per rank."""
+    that row's name ('ref') and our value over theirs for tokens/s, step time and peak memory per rank,
+    and for the all-to-all seconds (a2a_s) where both rows have them."""
     by = {r["strategy"]: r for r in results}
     out = {}
     for r in results:
@@ -25,6 +31,8 @@ def ratios(results: list[dict]) -> dict[str, dict]:
         if ref is not None:
             out[r["strategy"]] = {"ref": ref["strategy"], **{k: r[k] / ref[k] if ref[k] else math.nan
                                                              for _, _, k in _RATIOS[1:]}}
+            if r.get("a2a_s") is not None and ref.get("a2a_s"):
+                out[r["strategy"]]["a2a_s"] = r["a2a_s"] / ref["a2a_s"]
     return out
 
 
@@ -39,15 +47,17 @@ def table(results: list[dict]) -> str:
     """The table `ringzero train` prints: one row per run; the ratio columns only when a torch row ran."""
     rel = ratios(results)
     name_fmt = "{:<%d}" % max([10] + [len(r["strategy"]) for r in results])  # as wide as the longest name
-    cols = [(n, name_fmt if k == "strategy" else f, k) for n, f, k in _COLUMNS] + (_RATIOS if rel else [])
+    a2a = any(r.get("a2a_s") is not None for r in results)
+    own = [(n, name_fmt if k == "strategy" else f, k) for n, f, k in _COLUMNS] + ([_A2A] if a2a else [])
+    ratio_cols = (_RATIOS + ([_A2A_RATIO] if a2a else [])) if rel else []
+    cols = own + ratio_cols
     widths = [len(_cell(fmt, 0.0 if "f" in fmt else "x")) for _, fmt, _ in cols]
     head = " | ".join(f"{n:<{w}}" if fmt.startswith("{:<") else f"{n:>{w}}" for (n, fmt, _), w in zip(cols, widths))
     lines = [head]
     for r in results:
-        cells = [_cell(fmt, r.get(key)) for _, fmt, key in cols[:len(_COLUMNS)]]
-        if rel:
-            mine = rel.get(r["strategy"], {})
-            cells += [_cell(fmt, mine.get(key)) for _, fmt, key in _RATIOS]
+        mine = rel.get(r["strategy"], {})
+        cells = [_cell(fmt, r.get(key)) for _, fmt, key in own]
+        cells += [_cell(fmt, mine.get(key)) for _, fmt, key in ratio_cols]
         lines.append(" | ".join(cells))
     return "\n".join(lines)
 

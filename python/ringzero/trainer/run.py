@@ -76,6 +76,18 @@ class Run(abc.ABC):
         pipeline runs and the stock rows)."""
         return None
 
+    def exchange_seconds(self) -> float | None:
+        """Seconds this rank has spent so far inside the all-to-alls of expert parallelism (the counts, the
+        dispatch and the combine, forward and backward), timed around the exchange function the same way
+        for ringzero's and torch's (strategies.TimedExchange): the table's a2a column. None for a run
+        without them."""
+        return None
+
+    def summary(self) -> dict:
+        """What this run adds to its results.json entry after training (the expert-parallel runs: their
+        load-balancing losses). Collective: every rank calls it once. The default adds nothing."""
+        return {}
+
 
 def set_lr(opt, lr: float, step: int):
     """Linear warm-up over WARMUP_STEPS steps, then constant."""

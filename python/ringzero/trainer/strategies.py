@@ -1,11 +1,14 @@
 """One rank's part of each ringzero strategy, as run.Run classes: the data-parallel ones (ddp, zero1-3), the
-tensor-parallel ones (tp, tp+zero1) and the pipeline ones (pp, pp+zero1, pp+zero2, and 3d: pipeline stages
-cut from a tensor-parallel model). Every run takes the global batch of a step on its device and returns
-the global loss; the optimizer (FusedAdamW, warm-up) and the global-norm clip are the same for all.
+tensor-parallel ones (tp, tp+zero1), the expert-parallel ones (ep, ep+zero1: a mixture-of-experts model) and
+the pipeline ones (pp, pp+zero1, pp+zero2, and 3d: pipeline stages cut from a tensor-parallel model). Every
+run takes the global batch of a step on its device and returns the global loss; the optimizer (FusedAdamW, warm-up) and the global-norm clip are the same for all.
 Each run class's create() builds what it needs from the run's Layout (wrapping, sharding, the optimizer);
 registry.py says which class runs which strategy.
 """
 from __future__ import annotations
+
+import functools
+import time
 
 import torch
 import torch.distributed as dist
@@ -16,6 +19,7 @@ from ..models import lm_loss
 from ..optim import FusedAdamW
 from ..parallel import DistributedDataParallel, Mesh, ZeroDataParallel, vocab_parallel_cross_entropy
 from ..parallel.data_parallel.clip import clip_grad_norm_
+from ..parallel.expert import ExpertDataParallel, expert_parallel
 from ..parallel.layout import Layout
 from ..parallel.pipeline import PipelineRunner, PipelineStage, split
 from ..parallel.tensor_parallel.tensor_state import clip_tensor_parallel_grad_norm_
@@ -61,11 +65,16 @@ class DataParallelRun(Run):
     def clip(self, max_norm: float):
         self.model.clip_grad_norm_(max_norm)
 
+    def objective(self, loss: torch.Tensor) -> torch.Tensor:
+        """What backward runs from, given this replica's loss right after its forward (the loss that
+        train_step reports): the loss itself; ExpertParallelRun adds the load-balancing loss."""
+        return loss
+
     def train_step(self, x, y, step: int) -> float:
         xs, ys = replica_slice(x, self.replicas, self.replica), replica_slice(y, self.replicas, self.replica)
         set_lr(self.opt, self.args.lr, step)
         loss = self.loss(xs, ys)
-        loss.backward()
+        self.objective(loss).backward()
         if self.args.clip > 0:
             self.clip(self.args.clip)
         self.opt.step()
@@ -121,6 +130,94 @@ class TensorParallelRun(DataParallelRun):
             clip_tensor_parallel_grad_norm_(self.model, max_norm, self.layout.tp)
         else:  # DDP: the replicas' gradients are equal, so the tensor group's norm is the global one
             clip_tensor_parallel_grad_norm_(self.tp_model, max_norm, self.layout.tp, group=self.mesh.group("tp"))
+
+
+class TimedExchange:
+    """An all-to-all (torch.distributed.all_to_all_single's signature; ringzero's or torch's) that adds the
+    wall time of each call to `seconds`: the a2a column, measured the same way around either function (on a
+    GPU the device is synchronised before and after each call, so that the time is the exchange's)."""
+
+    def __init__(self, fn):
+        self.fn, self.seconds = fn, 0.0
+
+    def __call__(self, output, input, output_split_sizes=None, input_split_sizes=None, group=None):
+        sync = output.is_cuda
+        if sync:
+            torch.cuda.synchronize(output.device)
+        t0 = time.perf_counter()
+        self.fn(output, input, output_split_sizes, input_split_sizes, group=group)
+        if sync:
+            torch.cuda.synchronize(output.device)
+        self.seconds += time.perf_counter() - t0
+
+
+class ExpertParallelRun(DataParallelRun):
+    """ep: a mixture-of-experts model (--model moe) with the experts of every MoE block sharded over all
+    ranks (parallel.expert.expert_parallel: E / world experts per rank; the token copies dispatched to their
+    expert's rank and combined back by ringzero.all_to_all_single) and the other parameters under ringzero's
+    DDP (parallel.expert.ExpertDataParallel); ep+zero1: under ZeRO-1. Each rank takes its slice of the batch.
+    Backward runs from the language-model loss plus the model's load-balancing loss (MoEGPT.aux_loss, over
+    the rank's own tokens); train_step returns, and the table shows, the language-model loss, and summary()
+    adds the load-balancing loss of every step. torch-ep (baselines_expert.py) changes the class methods
+    exchange_function, process_group, dense_wrapper and optimizer, and the clip.
+
+    moe_model: the MoEGPT inside `model`; exchange: the timed all-to-all its MoE layers call; group: the
+    process group of the experts and of data parallelism (None: the default group)."""
+
+    def __init__(self, model, opt, args, moe_model, exchange: TimedExchange, group=None):
+        super().__init__(model, opt, args, dist.get_world_size(group), dist.get_rank(group))
+        self.moe_model, self.exchange, self.group = moe_model, exchange, group
+        self.aux_losses: list[torch.Tensor] = []
+
+    @classmethod
+    def exchange_function(cls, env: RankEnv):
+        """The all-to-all under dispatch and combine: ringzero's."""
+        return ringzero.all_to_all_single
+
+    @classmethod
+    def process_group(cls, env: RankEnv):
+        """The group the experts are sharded over (and the other parameters data parallel over): the default."""
+        return None
+
+    @classmethod
+    def dense_wrapper(cls, layout: Layout, env: RankEnv):
+        """ExpertDataParallel's wrap of the replicated parameters: ringzero's DDP, or ZeRO at layout.zero_stage."""
+        if layout.zero_stage:
+            return functools.partial(ZeroDataParallel, stage=layout.zero_stage)
+        return DistributedDataParallel
+
+    @classmethod
+    def optimizer(cls, params, args):
+        return fused_adamw(params, args)
+
+    @classmethod
+    def create(cls, layout: Layout, model, args, env: RankEnv) -> ExpertParallelRun:
+        """Shards the experts of `model` (a models.MoEGPT) over the group, keeping this rank's, then wraps the
+        rest; every rank calls it."""
+        exchange, group = TimedExchange(cls.exchange_function(env)), cls.process_group(env)
+        expert_parallel(model, group, exchange)
+        wrapped = ExpertDataParallel(compute_module(model, env), group, wrap=cls.dense_wrapper(layout, env))
+        return cls(wrapped, cls.optimizer(wrapped.parameters(), args), args, model, exchange, group)
+
+    def objective(self, loss):
+        aux = self.moe_model.aux_loss()  # of the forward that gave `loss`
+        self.aux_losses.append(aux.detach())
+        return loss + aux
+
+    def exchange_seconds(self) -> float:
+        return self.exchange.seconds
+
+    def summary(self) -> dict:
+        """train_aux_losses: the load-balancing loss of each step (its mean over the ranks), in the order of
+        train_losses; backward ran from their sum. Every rank trained the same steps, so all reduce or none."""
+        if not self.aux_losses:
+            return {"train_aux_losses": []}
+        aux = torch.stack(self.aux_losses).to("cpu", torch.float64)
+        ringzero.all_reduce(aux, op=ringzero.ReduceOp.AVG)
+        return {"train_aux_losses": aux.tolist()}
+
+    def checkpoint(self) -> RunCheckpoint | None:
+        return None  # ExpertDataParallel has no checkpoint form yet (docs/expert-parallel.md)
 
 
 class PipelineRun(Run):
