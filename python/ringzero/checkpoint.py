@@ -1,5 +1,6 @@
 """Sharded, atomic, reshardable checkpoints for plain modules, DistributedDataParallel and ZeroDataParallel,
-also over a tensor-parallel model (parallel.tensor_parallel.tensor_gpt).
+also over a tensor-parallel model (parallel.tensor_parallel.tensor_gpt), and for expert-parallel models
+(parallel.expert, bare or in ExpertDataParallel).
 
 Layout of a checkpoint root:
     ROOT/step-00000100/manifest.json    written last; a directory without it is never loaded
@@ -17,10 +18,16 @@ its shards as above (over its data-parallel group), and the manifest records how
 parameter was cut (dim, chunks), so load can join the old shards into the full tensor and cut the
 piece the new model holds, at any tensor-parallel size (1: the plain GPT).
 
+Expert parallelism ([Note: expert-parallel checkpoints] in parallel/expert/expert_state.py): each slice of
+stacked experts is saved once with its global expert range, and load cuts the slice of the new model's ep
+degree out of the saved ones (1: the plain MoEGPT, every expert whole).
+
     python -m ringzero.checkpoint consolidate ROOT_OR_DIR OUT.pt    # full state_dict of the plain module
 """
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 import math
 import os
@@ -36,6 +43,9 @@ from . import comm
 from .parallel.data_parallel.ddp import DistributedDataParallel
 from .parallel.data_parallel.flat import FlatLayout
 from .parallel.data_parallel.zero import ZeroDataParallel
+from .parallel.expert.expert_data_parallel import ExpertDataParallel
+from .parallel.expert.expert_state import (ExpertRange, check_expert_count, expert_ranges, join_rows, model_names,
+                                           piece_layout, saved_slices)
 from .parallel.tensor_parallel.tensor_state import (fused_sources, join_parts, part_of, shard_of, shard_specs,
                                                     tensor_parallel_group, unshard)
 
@@ -54,22 +64,43 @@ _before_commit = None  # test hook: called on every rank after the shards are wr
 
 
 def _wrapped(model) -> nn.Module:
-    return model.module if isinstance(model, (DistributedDataParallel, ZeroDataParallel)) else model
+    return model.module if isinstance(model, (DistributedDataParallel, ZeroDataParallel, ExpertDataParallel)) else model
 
 
 def _group(model):
     if isinstance(model, (DistributedDataParallel, ZeroDataParallel)):
         return model.group
+    if isinstance(model, ExpertDataParallel):
+        return model.dp_group
     return dist.group.WORLD if dist.is_initialized() else None
+
+
+def _zero(model) -> ZeroDataParallel | None:
+    """The ZeroDataParallel whose masters a load writes (ExpertDataParallel's wrapper of the replicated part)."""
+    inner = model.dense if isinstance(model, ExpertDataParallel) else model
+    return inner if isinstance(inner, ZeroDataParallel) else None
 
 
 def _entries(model):
     """(layout, values, optimizer parameter, sharded) per flat group of `model`. values is a 1-D
-    view of this rank's weights (its master shard, or a whole replicated parameter)."""
+    view of this rank's weights (its master shard, or a whole replicated parameter, or this rank's slice
+    of an expert parameter). Slot names are those of the plain module (_wrapped(model))."""
+    if isinstance(model, ExpertDataParallel):
+        names = model_names(model.dense.module, model.module)
+        dense = [(_renamed(layout, names), values, p, sharded) for layout, values, p, sharded in _entries(model.dense)]
+        return dense + [(FlatLayout([(n, p)], 1, 0), p.detach().view(-1), p, False)
+                        for n, p in zip(model.expert_names, model.expert_params)]
     if isinstance(model, ZeroDataParallel):
         return [(g.layout, g.master.detach(), g.master, True) for g in model.groups]
     return [(FlatLayout([(n, p)], 1, 0), p.detach().view(-1), p, False)
             for n, p in _wrapped(model).named_parameters()]
+
+
+def _renamed(layout: FlatLayout, names: dict[str, str]) -> FlatLayout:
+    """A copy of `layout` (same offsets and shard) with every slot named names[slot.name]."""
+    out = copy.copy(layout)
+    out.slots = [dataclasses.replace(s, name=names[s.name]) for s in layout.slots]
+    return out
 
 
 def _fsync_write(path: Path, write):
@@ -92,6 +123,8 @@ def save(path, model, optimizer=None, step: int = 0, extra=None) -> Path:
 
     model: a plain module, DistributedDataParallel or ZeroDataParallel; optimizer: the torch optimizer
     built on model.parameters() (or None); extra: anything torch.save can store (rank 0's is kept).
+    An expert-parallel model (ExpertDataParallel, or a bare model whose group holds every expert) saves each
+    slice of its experts once, from the lowest rank holding it ([Note: expert-parallel checkpoints]).
     Returns the published directory. A crash at any point leaves the previous checkpoint loadable."""
     if not isinstance(step, int) or step < 0:
         raise ValueError(f"checkpoint.save: step must be a non-negative int, got {step!r}")
@@ -104,6 +137,10 @@ def save(path, model, optimizer=None, step: int = 0, extra=None) -> Path:
         raise ValueError(f"checkpoint.save: a tensor-parallel model saves from every rank: its data-parallel group "
                          f"({world}) times its tensor group ({tp}) must be the world ({dist.get_world_size()}); "
                          "wrap it in DistributedDataParallel or ZeroDataParallel over the data-parallel group")
+    experts, pieces = saved_slices(_wrapped(model), group)
+    if experts and (tp > 1 or isinstance(model, ZeroDataParallel)):
+        raise ValueError("checkpoint.save: an expert-parallel model is saved bare or in ExpertDataParallel (its "
+                         "experts are not ZeRO's to shard), and not tensor-parallel too")
     everyone = dist.group.WORLD if tp > 1 else group  # the ranks that write files
     first = rank == 0 and tp_rank == 0  # writes the directory, the buffers and the manifest
     root = Path(path)
@@ -116,12 +153,20 @@ def save(path, model, optimizer=None, step: int = 0, extra=None) -> Path:
 
     tensors, groups = {}, []
     for i, (layout, values, opt_param, sharded) in enumerate(_entries(model)):
-        split = any(slot.name in specs for slot in layout.slots)
-        for t in range(tp) if sharded or split else [0]:
-            groups.append({"layout": layout.describe(), "sharded": sharded, "key": i, "tp_rank": t,
-                           "files": [_file_name(t, r, tp) for r in range(world if sharded else 1)]})
-        if (not sharded and rank != 0) or not (sharded or split or tp_rank == 0):
-            continue
+        expert = layout.slots[0].name if len(layout.slots) == 1 and layout.slots[0].name in experts else None
+        if expert is not None:
+            for r, writer in pieces[expert]:
+                groups.append({"layout": piece_layout(layout.describe(), r), "sharded": False, "key": i,
+                               "tp_rank": 0, "files": [_file_name(0, writer, 1)], "experts": r._asdict()})
+            if (experts[expert], rank) not in pieces[expert]:
+                continue
+        else:
+            split = any(slot.name in specs for slot in layout.slots)
+            for t in range(tp) if sharded or split else [0]:
+                groups.append({"layout": layout.describe(), "sharded": sharded, "key": i, "tp_rank": t,
+                               "files": [_file_name(t, r, tp) for r in range(world if sharded else 1)]})
+            if (not sharded and rank != 0) or not (sharded or split or tp_rank == 0):
+                continue
         tensors[f"{i}.values"] = values.clone()
         state = optimizer.state.get(opt_param, {}) if optimizer is not None else {}
         for key, v in state.items():
@@ -199,9 +244,15 @@ class _Reader:
         tensor_parallel = self.manifest.get("tensor_parallel", {"tp": 1, "shards": {}})
         self.tp, self.specs = tensor_parallel["tp"], {n: tuple(v) for n, v in tensor_parallel["shards"].items()}
         self.where = {}  # (parameter name, tensor rank) -> (group index, offset in the old flat group, shape)
+        self.experts = {}  # expert parameter name -> [(ExpertRange, group index)] in expert order
+        self.names = {}  # every parameter name, in the saved order (a dict as an ordered set)
         for i, g in enumerate(self.manifest["groups"]):
             for p in g["layout"]["params"]:
-                self.where.setdefault((p["name"], g.get("tp_rank", 0)), (i, p["offset"], p["shape"]))
+                self.names[p["name"]] = None
+                if "experts" in g:  # [Note: expert-parallel checkpoints]
+                    self.experts.setdefault(p["name"], []).append((ExpertRange(**g["experts"]), i))
+                else:
+                    self.where.setdefault((p["name"], g.get("tp_rank", 0)), (i, p["offset"], p["shape"]))
         # [Note: fused parameters in checkpoints] parallelize fuses a transformers layer's q, k, v (and gate,
         # up) into one parameter and renames the output projections; "fused" maps each such name to the
         # unfused model's names for it (tensor_state.fused_sources). A name this checkpoint lacks is made
@@ -241,7 +292,35 @@ class _Reader:
 
     def saved(self, name: str) -> bool:
         """Whether the checkpoint holds `name` under that name."""
-        return (name, 0) in self.where
+        return (name, 0) in self.where or name in self.experts
+
+    def group_of(self, name: str) -> int:
+        """An old group holding (part of) `name`: its optimizer state keys are those of every part."""
+        return self.experts[name][0][1] if name in self.experts else self.locate(name)[0]
+
+    def check_experts(self, shapes: dict, experts: dict):
+        """Before any weight is read: ValueError naming both counts where an expert parameter of the model
+        (experts: its expert_ranges; shapes: every parameter's whole or sliced shape) or of the checkpoint has
+        a number of experts the other cannot give ([Note: expert-parallel checkpoints])."""
+        for name in [*experts, *(n for n in self.experts if n in shapes and n not in experts)]:
+            whole = ExpertRange(0, shapes[name][0], shapes[name][0])  # a plain model holds every expert
+            if name in self.experts or self.saved(name):
+                saved = self.experts[name][0][0].total if name in self.experts else self.locate(name)[2][0]
+                check_expert_count(name, saved, experts.get(name, whole), self.dir)
+
+    def expert_rows(self, name: str, key: str, want: ExpertRange) -> torch.Tensor:
+        """The experts `want` of the stacked expert parameter `name` (rows of its whole [E, ...] tensor), from
+        the saved slices, or from the whole tensor a plain model saved (check_experts has checked E)."""
+        if name in self.experts:
+            saved = [(r, lambda i=i: self._slice(i, key)) for r, i in self.experts[name]]
+        else:
+            whole = self.full(name, key)
+            saved = [(ExpertRange(0, whole.shape[0], whole.shape[0]), lambda: whole)]
+        return join_rows(saved, want)
+
+    def _slice(self, i: int, key: str) -> torch.Tensor:
+        shape = self.manifest["groups"][i]["layout"]["params"][0]["shape"]
+        return self.read(i, key, 0, math.prod(shape)).view(shape)
 
     def saved_name(self, name: str, fused: dict | None = None) -> str:
         """A name the checkpoint holds that `name` is read from ([Note: fused parameters in checkpoints])."""
@@ -262,6 +341,9 @@ class _Reader:
         if not self.saved(name) and fused and name in fused:
             e = fused[name]
             return join_parts([self.full(p, key) for p in e["parts"]], e["transposed"])
+        if name in self.experts:
+            total = self.experts[name][0][0].total
+            return self.expert_rows(name, key, ExpertRange(0, total, total))
         if name not in self.specs:
             return self._saved(name, key, 0)
         dim, chunks = self.specs[name]
@@ -284,19 +366,25 @@ class _Reader:
                     other[name] = v
         return flat, other
 
-    def fill(self, layout: FlatLayout, start: int, count: int, key: str, out: torch.Tensor, target=(1, 0, {}, {})):
+    def fill(self, layout: FlatLayout, start: int, count: int, key: str, out: torch.Tensor,
+             target=(1, 0, {}, {}, {})):
         """Writes elements [start, start + count) of the new flat group `layout` (key of each old
         group holding its parameters) into out; padding stays as it is. target: (tp, tensor rank,
-        shard_specs, fused_sources) of the new model; a parameter split in the checkpoint or in the new
-        model is joined and cut again ([Note: tensor-parallel checkpoints]), one fused in one of them and
-        not in the other is made from the other's ([Note: fused parameters in checkpoints])."""
-        tp, tp_rank, specs, fused = target
+        shard_specs, fused_sources, expert_ranges) of the new model; a parameter split in the checkpoint or
+        in the new model is joined and cut again ([Note: tensor-parallel checkpoints]), one fused in one of
+        them and not in the other is made from the other's ([Note: fused parameters in checkpoints]), an
+        expert parameter is cut to the new model's experts ([Note: expert-parallel checkpoints])."""
+        tp, tp_rank, specs, fused, experts = target
         for slot in layout.slots:
             a, b = max(start, slot.offset), min(start + count, slot.offset + slot.numel)
             if a >= b:
                 continue
             renamed = not self.saved(slot.name) and (slot.name in self.part or slot.name in fused)
-            if slot.name in self.specs or slot.name in specs or renamed:
+            if slot.name in self.experts or slot.name in experts:
+                whole = ExpertRange(0, slot.shape[0], slot.shape[0])  # a plain model holds every expert
+                piece = self.expert_rows(slot.name, key, experts.get(slot.name, whole))
+                shape, flat = list(piece.shape), piece.reshape(-1)[a - slot.offset: b - slot.offset]
+            elif slot.name in self.specs or slot.name in specs or renamed:
                 piece = self.full(slot.name, key, fused)
                 if slot.name in specs:
                     piece = shard_of(piece, *specs[slot.name], tp, tp_rank)
@@ -314,15 +402,18 @@ class _Reader:
 
 def load(path, model, optimizer=None) -> dict:
     """Restores the latest complete checkpoint under `path` (or the checkpoint `path`) into `model`
-    (plain, DDP or ZeRO, any world size and stage) and `optimizer` (built on model.parameters(), with
+    (plain, DDP or ZeRO, any world size and stage; expert-parallel at any ep degree that divides its
+    experts, [Note: expert-parallel checkpoints]) and `optimizer` (built on model.parameters(), with
     as many param groups as when saved). Every rank of the model's group must call it.
     Returns {"step", "extra", "path"}."""
     ckpt = latest(path)
     reader = _Reader(ckpt)
     _, tp, tp_rank = tensor_parallel_group(_wrapped(model))
     fused = fused_sources(_wrapped(model))
-    target = (tp, tp_rank, shard_specs(_wrapped(model)), fused)
-    for layout, values, opt_param, sharded in _entries(model):
+    target = (tp, tp_rank, shard_specs(_wrapped(model)), fused, expert_ranges(_wrapped(model)))
+    entries = _entries(model)
+    reader.check_experts({s.name: s.shape for layout, *_ in entries for s in layout.slots}, target[4])
+    for layout, values, opt_param, sharded in entries:
         start, count = (layout.shard_start, layout.shard_numel) if sharded else (0, layout.numel)
         with torch.no_grad():
             buf = torch.zeros(count, dtype=torch.float32)
@@ -330,7 +421,7 @@ def load(path, model, optimizer=None) -> dict:
             values.copy_(buf)
         if optimizer is None or not layout.slots:
             continue
-        flat_keys, other = reader.state_keys(reader.locate(reader.saved_name(layout.slots[0].name, fused))[0])
+        flat_keys, other = reader.state_keys(reader.group_of(reader.saved_name(layout.slots[0].name, fused)))
         state = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in other.items()}
         for key in flat_keys:
             buf = torch.zeros(count, dtype=torch.float32)
@@ -358,8 +449,8 @@ def load(path, model, optimizer=None) -> dict:
                              f"{len(optimizer.param_groups)}")
         for g, s in zip(optimizer.param_groups, saved):
             g.update(s)
-    if isinstance(model, ZeroDataParallel):
-        model.masters_written()  # gather the loaded masters before the next forward
+    if _zero(model) is not None:
+        _zero(model).masters_written()  # gather the loaded masters before the next forward
     return {"step": reader.manifest["step"], "extra": rank0.get("extra"), "path": ckpt}
 
 
@@ -368,7 +459,7 @@ def consolidate(path) -> dict[str, torch.Tensor]:
     saved in the checkpoint `path` (or the latest under it). Runs in one process, no group needed."""
     reader = _Reader(latest(path))
     out = {}
-    for name, _ in reader.where:
+    for name in reader.names:
         for part in reader.fused.get(name, {}).get("parts", [name]):  # the unfused model's names
             if part not in out:
                 out[part] = reader.full(part).clone()
