@@ -5,7 +5,7 @@
 # builds it apart).
 set(_cpu_grid_gen ${CMAKE_CURRENT_BINARY_DIR}/cpu_grid)
 # Every .cu file of csrc/cuda: a kernel file not listed here fails tools/cpu_grid_coverage.py.
-set(RINGZERO_CPU_GRID_CU adam reduce oneshot twoshot ring quantize)
+set(RINGZERO_CPU_GRID_CU adam reduce oneshot twoshot ring quantize alltoall)
 set(_cpu_grid_sources
   csrc/cuda/cpu_grid/grid.cpp
   csrc/cuda/cpu_grid/runtime.cpp
@@ -30,7 +30,7 @@ target_link_libraries(ringzero_cpu_grid PUBLIC ringzero_core Threads::Threads)
 if(RINGZERO_BUILD_TESTS)
   # The CUDA C++ tests as they are, on the CPU grid. Each writes the kernels it launched to
   # cpu_grid_kernels_<test>.txt; the coverage test then checks every kernel of csrc/cuda ran.
-  set(_cpu_grid_tests cuda cuda_fuzz cuda_timeout cuda_adam cuda_quantize)
+  set(_cpu_grid_tests cuda cuda_fuzz cuda_timeout cuda_adam cuda_quantize cuda_alltoall)
   set(_cpu_grid_logs "")
   add_custom_target(cpu_grid_tests)  # builds just the CPU-grid tests (the ThreadSanitizer build)
   foreach(t ${_cpu_grid_tests})

@@ -49,6 +49,7 @@ set(RINGZERO_CUDA_SOURCES
   csrc/cuda/oneshot.cu
   csrc/cuda/twoshot.cu
   csrc/cuda/ring.cu
+  csrc/cuda/alltoall.cu
   csrc/cuda/quantize.cu
   csrc/cuda/peer_comm.cpp
   csrc/nccl/loopback.cpp
@@ -79,7 +80,7 @@ if(RINGZERO_BUILD_TESTS)
   set_tests_properties(cuda PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600)
   # The fuzz (RINGZERO_FUZZ_SEED / RINGZERO_FUZZ_CASES; it prints its seed), the missing-rank test and
   # the multi-tensor Adam against the CPU kernel, the block quantization against the CPU loops.
-  foreach(t cuda_fuzz cuda_timeout cuda_adam cuda_quantize)
+  foreach(t cuda_fuzz cuda_timeout cuda_adam cuda_quantize cuda_alltoall)
     add_executable(test_${t} tests/cpp/test_${t}.cu)
     set_target_properties(test_${t} PROPERTIES CUDA_ARCHITECTURES "${RINGZERO_CUDA_ARCHS}")
     target_link_libraries(test_${t} PRIVATE ringzero_cuda)

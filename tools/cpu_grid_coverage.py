@@ -26,6 +26,7 @@ EXPECTED = {
     "sum_squares_multi_kernel": 1,
     "quantize_kernel": 2,  # 8 and 4 bits
     "dequantize_kernel": 2,
+    "all_to_all_kernel": 4,  # elements of 1, 2, 4 and 8 bytes
 }
 
 

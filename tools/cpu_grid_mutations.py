@@ -6,7 +6,9 @@ planted defect (a dropped release store, an acquire turned into a plain load, a 
 an off-by-one in a block's last slice, an epoch not bumped, a ring credit one slot early, the issue-15
 per-slice partition, a dropped two-shot barrier, an unclaimed timeout record, a 16-byte pack taken at
 8-byte alignment in the collectives and at half its alignment in Adam, ring credits counted per
-launch, a dropped Adam bias correction, each of the ring driver's three stream waits dropped, a host
+launch, a dropped Adam bias correction, the all-to-all's prefix sum off by one, its read barrier
+dropped, its blocks placed by the receiver's own counts, its packs at 8-byte alignment, its output
+not cut, each of the ring driver's three stream waits dropped, a host
 read and a host write of device memory, a process opening its own IPC handle) rebuilds the CPU-grid
 tests and runs them: first the plain build (wrong values, a timeout, a crash, the grid's device-memory
 fault), then, if that passed, the ThreadSanitizer build (a data race). Prints a table: every defect
@@ -100,6 +102,28 @@ MUTANTS = [
      '    check(cudaStreamWaitEvent(comm_, tmp_free_[st.tmp], 0), "wait for a free receive buffer");\n',
      "    ;\n", 1, "loopback",
      "ring driver: a receive lands in a staging buffer the previous reduction may still read"),
+    ("a2a-prefix-off-by-one", "csrc/cuda/alltoall.cu",
+     "if (p < r) before += c;",
+     "if (p <= r) before += c;", 1, "alltoall",
+     "all-to-all: a peer's block for this rank looked up one block too far (prefix sum off by one)"),
+    ("a2a-slot-reused-early", "csrc/cuda/alltoall.cu",
+     "    if (!block_barrier(w)) return;\n    if (off + slot >= longest) break;",
+     "    if (off + slot >= longest) break;", 1, "alltoall",
+     "all-to-all: the barrier after the reads dropped, so the next slice (or launch) rewrites a staging "
+     "chunk one epoch early, while peers may still read it"),
+    ("a2a-landing-own-counts", "csrc/cuda/alltoall.cu",
+     "for (int p = 0; p < q; ++p) at += static_cast<size_t>(load_cg(counts_of(p) + r));",
+     "for (int p = 0; p < q; ++p) at += static_cast<size_t>(load_cg(counts_of(r) + p));", 1, "alltoall",
+     "all-to-all: a block placed by the receiver's own send counts (right only when the splits are "
+     "symmetric)"),
+    ("a2a-pack-alignment-8", "csrc/cuda/alltoall.cu",
+     "if ((d - s) % kPackBytes == 0) {",
+     "if ((d - s) % 8 == 0) {", 1, "alltoall",
+     "all-to-all: 16-byte copies taken where source and destination agree only mod 8"),
+    ("a2a-output-cut-dropped", "csrc/cuda/alltoall.cu",
+     "got = at >= room ? 0 : (got < room - at ? got : room - at);",
+     "(void)room;", 1, "alltoall",
+     "all-to-all: blocks past the receiver's output not cut (writes past the buffer)"),
     ("host-reads-device-memory", "tests/cpp/test_cuda_fuzz.cu",
      "CUDA_OK(cudaMemcpy(got.data(), b.op[q], out_n * es, cudaMemcpyDeviceToHost));",
      "std::memcpy(got.data(), b.op[q], out_n * es);", 1, "fuzz",
@@ -121,6 +145,9 @@ TESTS = {
                                          "RINGZERO_FUZZ_TIMEOUT_S": "5"},
              {"RINGZERO_FUZZ_CASES": "40", "RINGZERO_CPU_GRID_THREADS": "64"}),
     "adam": ("cpu_grid_test_cuda_adam", {}, {"RINGZERO_CPU_GRID_THREADS": "64"}),
+    "alltoall": ("cpu_grid_test_cuda_alltoall", {"RINGZERO_FUZZ_SEED": "1", "RINGZERO_FUZZ_CASES": "120",
+                                                 "RINGZERO_FUZZ_TIMEOUT_S": "5"},
+                 {"RINGZERO_FUZZ_CASES": "40", "RINGZERO_CPU_GRID_THREADS": "64"}),
     "timeout": ("cpu_grid_test_cuda_timeout", {}, {"RINGZERO_CPU_GRID_THREADS": "64"}),
     # the ring driver over the loopback transport alone (test_cuda's part; its stream workers pause at
     # random); plain only: under ThreadSanitizer it ran over 6 minutes

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Static checks of the CUDA kernels as nvcc builds them: no GPU needed, run by tools/test.sh (issue 33).
 
-Compiles csrc/cuda/{ring,twoshot,oneshot,adam,reduce,quantize}.cu for sm_80 and sm_90a with the flags of the CMake
+Compiles csrc/cuda/{ring,twoshot,oneshot,alltoall,adam,reduce,quantize}.cu for sm_80 and sm_90a with the flags of the CMake
 build (cmake/cuda.cmake, Release: -O3 -DNDEBUG -std=c++17 -I csrc; its -Xcompiler=-fPIC is for host code,
 which -cubin does not compile), device code only, one job per file and arch in parallel, with `-Xptxas -v`;
 disassembles the same cubins with `cuobjdump -sass`; prints per kernel instantiation and arch: registers,
@@ -12,8 +12,9 @@ sm_90a: ptxas gives these kernels the same numbers for both (nothing here uses t
 A regression (exit 1, one line per finding naming the instantiation, the arch and what is wrong):
   - any spill, in a kernel or in the non-inlined helpers ptxas reports with it (give_up, stuck_culprit):
     a spilled register costs a local-memory round trip, and in the copy loops that is bandwidth lost;
-  - a kernel built on reduce_span (one_shot_kernel, two_shot_kernel, ring_kernel, reduce_kernel) without
-    a 128-bit global load (LDG.E.128) or store (STG.E.128): its packs are 16 bytes for every dtype
+  - a kernel built on reduce_span (one_shot_kernel, two_shot_kernel, ring_kernel, reduce_kernel) or on
+    alltoall.cu's copy_elems (all_to_all_kernel, one instantiation per element size) without a 128-bit
+    global load (LDG.E.128) or store (STG.E.128): its packs are 16 bytes for every dtype
     (__ldcg/__stcg of uint4 in device.cuh; ld.global.cg shows as LDG.E.128.STRONG.GPU);
   - adam_multi_kernel<P, G, M> without a Pack access of the width adam.cu writes: a Pack is kVec = 4
     elements, so 128 bits for a float32 operand and 64 bits for a 16-bit one; loads of P, G and M
@@ -40,13 +41,15 @@ import time
 from pathlib import Path
 
 # Slowest first, so that two cores finish together.
-SOURCES = ["ring.cu", "twoshot.cu", "oneshot.cu", "adam.cu", "reduce.cu", "quantize.cu"]
+SOURCES = ["ring.cu", "twoshot.cu", "oneshot.cu", "alltoall.cu", "adam.cu", "reduce.cu", "quantize.cu"]
 REDUCE_SPAN_KERNELS = ["one_shot_kernel", "two_shot_kernel", "ring_kernel", "reduce_kernel"]
-KERNELS = REDUCE_SPAN_KERNELS + ["adam_multi_kernel", "sum_squares_multi_kernel", "quantize_kernel",
+PACK_KERNELS = REDUCE_SPAN_KERNELS + ["all_to_all_kernel"]  # 16-byte packs: 128-bit loads and stores
+KERNELS = PACK_KERNELS + ["adam_multi_kernel", "sum_squares_multi_kernel", "quantize_kernel",
                                  "dequantize_kernel"]  # the table's order
 ADAM_PACK_BITS = {"f32": 128, "bf16": 64, "f16": 64}  # kVec = 4 elements of each
 SHORT_NAMES = {"float": "f32", "__nv_bfloat16": "bf16", "__half": "f16", "int": "int32", "long": "int64",
-               "SumOp": "Sum", "ProdOp": "Prod", "MinOp": "Min", "MaxOp": "Max"}
+               "SumOp": "Sum", "ProdOp": "Prod", "MinOp": "Min", "MaxOp": "Max",
+               "unsigned char": "u8", "unsigned short": "u16", "unsigned int": "u32", "unsigned long": "u64"}
 
 Function = collections.namedtuple("Function", "regs stack spill_st spill_ld smem helper_st helper_ld helpers")
 
@@ -126,7 +129,7 @@ def short_name(demangled):
 
 def expected_widths(template, args):
     """(load widths, store widths) in bits that the code is written to use, as the header explains."""
-    if template in REDUCE_SPAN_KERNELS:
+    if template in PACK_KERNELS:
         return {128}, {128}
     if template == "adam_multi_kernel":
         p, g, m = (ADAM_PACK_BITS[a] for a in args)

@@ -167,6 +167,37 @@ void run_collective(Coll coll, const PeerConfig& cfg, const PeerTable& peers, co
   cuda_ok(e, "launching a collective kernel");
 }
 
+void run_all_to_all(const PeerConfig& cfg, const PeerTable& peers, const RankBuffers* ranks, int grid_y,
+                    const AllToAllArgs& v, DType dtype, cudaStream_t stream) {
+  const size_t esize = dtype_size(dtype);
+  if (esize != 1 && esize != 2 && esize != 4 && esize != 8)
+    throw InvalidArgument(std::string("ringzero CUDA all_to_all: unknown dtype ") + dtype_name(dtype));
+  if (peers.status == nullptr || peers.claim == nullptr)
+    throw InvalidArgument("ringzero CUDA: the peer table has no timeout record (PeerTable::status, ::claim)");
+  for (int y = 0; y < grid_y; ++y) {
+    if (v.send_counts[y] == nullptr)
+      throw InvalidArgument("ringzero CUDA all_to_all: rank " + std::to_string(ranks[y].rank) + " has no send counts");
+    // The kernel stages the input one slice at a time while outputs are written: an output that
+    // overlaps the input would overwrite input elements of later slices before they are staged.
+    const char* in = static_cast<const char*>(ranks[y].in);
+    const char* out = static_cast<const char*>(ranks[y].out);
+    if (v.in_elems[y] && v.out_elems[y] && in < out + v.out_elems[y] * esize && out < in + v.in_elems[y] * esize)
+      throw InvalidArgument("ringzero CUDA all_to_all: rank " + std::to_string(ranks[y].rank) +
+                            "'s output overlaps its input");
+  }
+  // Even when no rank sends anything the kernel runs: only the device knows the counts.
+  CollArgs a{};
+  a.peers = peers;
+  for (int y = 0; y < grid_y; ++y) a.ranks[y] = ranks[y];
+  a.divisor = 1;
+  a.nblocks = cfg.max_blocks;
+  a.timeout_ns = static_cast<uint64_t>(cfg.timeout_s * 1e9);
+  const cudaError_t e = launch_all_to_all(a, v, grid_y, dtype, stream);
+  if (e == cudaErrorCooperativeLaunchTooLarge)
+    throw InvalidArgument("ringzero CUDA: " + std::to_string(grid_y) + " simulated ranks do not fit on this GPU at once");
+  cuda_ok(e, "launching the all-to-all kernel");
+}
+
 // ---- PeerComm ----------------------------------------------------------------------------------
 PeerComm::PeerComm(int rank, int nranks, const PeerConfig& cfg) : rank_(rank), cfg_(cfg) {
   validate(nranks, cfg);
@@ -221,6 +252,18 @@ void PeerComm::run(Coll coll, const void* in, void* out, size_t count, DType dty
   run_collective(coll, cfg_, table_, &me, 1, count, dtype, op, algo, stream);
 }
 
+void PeerComm::all_to_all(const void* in, size_t in_elems, void* out, size_t out_elems, const int64_t* send_counts,
+                          DType dtype, cudaStream_t stream) {
+  if (!ready_ && table_.nranks > 1) throw InvalidArgument("ringzero CUDA: call open_peers before a collective");
+  check();
+  RankBuffers me{in, out, rank_};
+  AllToAllArgs v{};
+  v.send_counts[0] = send_counts;
+  v.in_elems[0] = in_elems;
+  v.out_elems[0] = out_elems;
+  run_all_to_all(cfg_, table_, &me, 1, v, dtype, stream);
+}
+
 // ---- SimWorld ----------------------------------------------------------------------------------
 SimWorld::SimWorld(int nranks, const PeerConfig& cfg) : cfg_(cfg) {
   validate(nranks, cfg);
@@ -248,6 +291,24 @@ void SimWorld::run(Coll coll, const std::vector<const void*>& ins, const std::ve
   RankBuffers ranks[kMaxRanks];
   for (int q = 0; q < n; ++q) ranks[q] = RankBuffers{ins[q], outs[q], q};
   run_collective(coll, cfg_, table_, ranks, n, count, dtype, op, algo, stream);
+}
+
+void SimWorld::all_to_all(const std::vector<const void*>& ins, const std::vector<size_t>& in_elems,
+                          const std::vector<void*>& outs, const std::vector<size_t>& out_elems,
+                          const std::vector<const int64_t*>& send_counts, DType dtype, cudaStream_t stream) {
+  const size_t n = static_cast<size_t>(table_.nranks);
+  if (ins.size() != n || in_elems.size() != n || outs.size() != n || out_elems.size() != n || send_counts.size() != n)
+    throw InvalidArgument("ringzero CUDA: SimWorld.all_to_all needs one input, output and count table per simulated rank");
+  check();
+  RankBuffers ranks[kMaxRanks];
+  AllToAllArgs v{};
+  for (size_t q = 0; q < n; ++q) {
+    ranks[q] = RankBuffers{ins[q], outs[q], static_cast<int>(q)};
+    v.send_counts[q] = send_counts[q];
+    v.in_elems[q] = in_elems[q];
+    v.out_elems[q] = out_elems[q];
+  }
+  run_all_to_all(cfg_, table_, ranks, table_.nranks, v, dtype, stream);
 }
 
 }  // namespace ringzero::cuda

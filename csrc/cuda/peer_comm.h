@@ -41,6 +41,13 @@ enum class Coll : int32_t { AllReduce = 0, ReduceScatter = 1, AllGather = 2 };
 void run_collective(Coll coll, const PeerConfig& cfg, const PeerTable& peers, const RankBuffers* ranks,
                     int grid_y, size_t count, DType dtype, ReduceOp op, Algo algo, cudaStream_t stream);
 
+// All-to-all(v) of `grid_y` ranks' buffers (collectives.h, launch_all_to_all): v holds each rank's
+// device table of nranks send counts and its buffers' sizes in elements. Any dtype. Blocks per rank:
+// cfg.max_blocks on every rank (a size-dependent choice would differ between ranks with uneven counts;
+// the counts themselves stay on the device). Throws on an invalid argument or a failed launch.
+void run_all_to_all(const PeerConfig& cfg, const PeerTable& peers, const RankBuffers* ranks, int grid_y,
+                    const AllToAllArgs& v, DType dtype, cudaStream_t stream);
+
 // What a RunStatus::what (a WaitKind) waited for, in words ("a barrier", "ring data", ...).
 const char* wait_name(int32_t what);
 
@@ -86,6 +93,12 @@ class PeerComm {
   // which implies every peer has finished reading it (the last barrier; the ring's credits).
   void run(Coll coll, const void* in, void* out, size_t count, DType dtype, ReduceOp op, Algo algo,
            cudaStream_t stream);
+  // All-to-all(v), torch's all_to_all_single: `in` holds in_elems elements, block q of send_counts[q]
+  // going to rank q; `out` (out_elems elements, not aliasing `in`) receives block rank() of every rank, in
+  // rank order. send_counts: device memory, nranks() int64, read by the kernel (no host synchronisation).
+  // Every rank must call it, in the same order relative to run(), as with run().
+  void all_to_all(const void* in, size_t in_elems, void* out, size_t out_elems, const int64_t* send_counts,
+                  DType dtype, cudaStream_t stream);
   // After the collective (stream synchronised): throws CommTimeoutError if one of its waits ran out.
   void check() const { timeouts_.check(cfg_.timeout_s); }
   const RunStatus* timed_out() const { return timeouts_.timed_out(); }
@@ -114,6 +127,11 @@ class SimWorld {
   // ins[q], outs[q]: rank q's buffers (device pointers), shapes as run_collective.
   void run(Coll coll, const std::vector<const void*>& ins, const std::vector<void*>& outs, size_t count,
            DType dtype, ReduceOp op, Algo algo, cudaStream_t stream);
+  // All-to-all(v) of every simulated rank: rank q's input ins[q] (in_elems[q] elements), output outs[q]
+  // (out_elems[q]), send counts send_counts[q] (device, nranks() int64 each); as PeerComm::all_to_all.
+  void all_to_all(const std::vector<const void*>& ins, const std::vector<size_t>& in_elems,
+                  const std::vector<void*>& outs, const std::vector<size_t>& out_elems,
+                  const std::vector<const int64_t*>& send_counts, DType dtype, cudaStream_t stream);
   void check() const { timeouts_.check(cfg_.timeout_s); }
   const RunStatus* timed_out() const { return timeouts_.timed_out(); }
   int nranks() const { return table_.nranks; }
