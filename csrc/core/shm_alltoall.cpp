@@ -29,6 +29,8 @@ constexpr auto no_work = [](const auto&) {};
 
 // The header of an all-to-all's first slice ([Note: the all-to-all's count table]), in 64-bit words.
 constexpr size_t kA2AFixedWords = 3;  // the input's address, the probe address, 1 if the first pieces are staged
+// The own block from which it is copied with streaming stores.
+constexpr size_t kA2AStreamOwnBytes = 4 << 20;
 inline size_t a2a_header_bytes(int n) { return round_up((kA2AFixedWords + 2 * static_cast<size_t>(n)) * 8, 64); }
 
 // A few bytes every rank's process holds for the whole run: what a single-copy vote reads of its peers
@@ -132,9 +134,12 @@ void ShmComm::all_to_all_v(const void* in, void* out, const std::vector<size_t>&
       }
     if (s == 0) publish_fingerprint(k);
     signal();
-    // The own block needs no peer; a rank whose own counts disagree raises below, with every peer.
-    if (s == 0 && send_counts[rank_] == recv_counts[rank_] && output + rdispl[rank_] * es != input + sdispl[rank_] * es)
-      std::memmove(output + rdispl[rank_] * es, input + sdispl[rank_] * es, send_counts[rank_] * es);
+    // The own block needs no peer; a rank whose own counts disagree raises below, with every peer. A large
+    // one is written with streaming stores (the output is past the caches, as the all-gather's large blocks).
+    if (s == 0 && send_counts[rank_] == recv_counts[rank_] && output + rdispl[rank_] * es != input + sdispl[rank_] * es) {
+      const size_t own = send_counts[rank_] * es;
+      (own >= kA2AStreamOwnBytes ? copy_streaming : copy_cached)(output + rdispl[rank_] * es, input + sdispl[rank_] * es, own);
+    }
     wait_all(phase_);
     if (s == 0) {
       check_fingerprints(k);

@@ -136,6 +136,61 @@ PyObject* reduce_scatter(PyObject* self, PyObject* const* args, Py_ssize_t nargs
   return run([&] { c->reduce_scatter(i0, o0, n, di, static_cast<ReduceOp>(op)); });
 }
 
+// Element counts of the nranks blocks of `t` along dim 0 for all_to_all: `splits` None (equal blocks) or
+// a list or tuple of nranks non-negative ints (rows) summing to t.size(0). False for anything else.
+bool block_counts(PyObject* splits, const at::Tensor& t, int n, std::vector<size_t>* counts) {
+  if (t.dim() == 0) return false;
+  const int64_t rows = t.size(0), row = rows ? t.numel() / rows : 0;
+  counts->assign(n, 0);
+  if (splits == Py_None) {
+    if (rows % n) return false;
+    for (auto& c : *counts) c = static_cast<size_t>(rows / n * row);
+    return true;
+  }
+  if (!PyList_CheckExact(splits) && !PyTuple_CheckExact(splits)) return false;
+  if (PySequence_Fast_GET_SIZE(splits) != n) return false;
+  PyObject** items = PySequence_Fast_ITEMS(splits);
+  int64_t sum = 0;
+  for (int q = 0; q < n; ++q) {
+    if (!PyLong_CheckExact(items[q])) return false;
+    const long long v = PyLong_AsLongLong(items[q]);
+    if (v < 0 || v > rows) {
+      PyErr_Clear();
+      return false;
+    }
+    sum += v;
+    (*counts)[q] = static_cast<size_t>(v * row);
+  }
+  return sum == rows;
+}
+
+// all_to_all(input, output, splits): torch's all_to_all_single along dim 0; splits None (equal blocks) or
+// the tuple (output_split_sizes, input_split_sizes), each None or nranks ints. Rows of one shape; the
+// tensors must not overlap.
+PyObject* all_to_all(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  if (!check_nargs(nargs, 3, "all_to_all")) return nullptr;
+  ShmComm* c = reinterpret_cast<ShmDirect*>(self)->comm;
+  DType di, dout;
+  const at::Tensor* in = plain_cpu_tensor(args[0], &di);
+  const at::Tensor* out = plain_cpu_tensor(args[1], &dout);
+  if (!in || !out || di != dout || in->dim() == 0 || in->dim() != out->dim() ||
+      in->sizes().slice(1) != out->sizes().slice(1))
+    Py_RETURN_FALSE;
+  PyObject* out_splits = Py_None;
+  PyObject* in_splits = Py_None;
+  if (args[2] != Py_None) {
+    if (!PyTuple_CheckExact(args[2]) || PyTuple_GET_SIZE(args[2]) != 2) Py_RETURN_FALSE;
+    out_splits = PyTuple_GET_ITEM(args[2], 0), in_splits = PyTuple_GET_ITEM(args[2], 1);
+  }
+  std::vector<size_t> send, recv;
+  if (!block_counts(in_splits, *in, c->nranks(), &send) || !block_counts(out_splits, *out, c->nranks(), &recv))
+    Py_RETURN_FALSE;
+  const char* i0 = static_cast<const char*>(in->data_ptr());
+  char* o0 = static_cast<char*>(out->data_ptr());
+  if (in->numel() && out->numel() && o0 < i0 + in->nbytes() && i0 < o0 + out->nbytes()) Py_RETURN_FALSE;
+  return run([&] { c->all_to_all_v(i0, o0, send, recv, di); });
+}
+
 void dealloc(PyObject* self) {
   PyTypeObject* type = Py_TYPE(self);  // a heap type: each instance holds a reference to it
   Py_XDECREF(reinterpret_cast<ShmDirect*>(self)->owner);
@@ -150,6 +205,9 @@ PyMethodDef kMethods[] = {
      "all_gather(input, output) -> bool; False (nothing done) for arguments the fast path does not take"},
     {"reduce_scatter", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&reduce_scatter)), METH_FASTCALL,
      "reduce_scatter(input, output, op) -> bool; False (nothing done) for arguments the fast path does not take"},
+    {"all_to_all", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&all_to_all)), METH_FASTCALL,
+     "all_to_all(input, output, splits) -> bool; splits None or (output_split_sizes, input_split_sizes); False "
+     "(nothing done) for arguments the fast path does not take"},
     {nullptr, nullptr, 0, nullptr}};
 
 PyTypeObject* g_type = nullptr;
@@ -184,5 +242,5 @@ void bind_shm_direct(py::module_& m, PyObject* comm_error, PyObject* comm_timeou
         d->owner = shm.release().ptr();
         return py::reinterpret_steal<py::object>(obj);
       },
-      py::arg("shm"), "The api's fast path into `shm` (a ShmComm): all_reduce_, all_gather, reduce_scatter");
+      py::arg("shm"), "The api's fast path into `shm` (a ShmComm): all_reduce_, all_gather, reduce_scatter, all_to_all");
 }

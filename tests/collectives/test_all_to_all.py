@@ -108,6 +108,18 @@ def all_to_all_body(rank, world, seed, doors):
         dist.all_to_all_single(strided, torch.arange(world * 4, dtype=torch.int64) + rank * 100, group=groups["backend"])
         want = torch.cat([torch.arange(rank * 4, rank * 4 + 4) + q * 100 for q in range(world)])
         assert torch.equal(strided, want) and not base[1::2].any()
+    # The api's fast path ([Note: the api's fast path]) takes blocking calls with list splits or none; the
+    # others (a tuple of numpy ints, say) take the slow path: the same result either way.
+    comm = ringzero.get_communicator(groups["ringzero"])
+    if comm.shm_direct:
+        x = torch.arange(world * 3, dtype=torch.float64) + 1000 * rank
+        fast, slow = torch.empty(world * 3, dtype=torch.float64), torch.empty(world * 3, dtype=torch.float64)
+        before = comm.shm.seq
+        ringzero.all_to_all_single(fast, x, [3] * world, [3] * world, group=groups["ringzero"])
+        assert comm.shm.seq == before + 1
+        ringzero.all_to_all_single(slow, x, torch.tensor([3] * world), torch.tensor([3] * world),
+                                   group=groups["ringzero"])
+        assert torch.equal(fast, slow)
     # ringzero.patch(): torch's own call on a gloo group takes ringzero's path.
     comm = ringzero.get_communicator(groups["ringzero"])
     before = comm.seq

@@ -247,6 +247,11 @@ def all_to_all_single(output: torch.Tensor, input: torch.Tensor, output_split_si
     input_split_sizes[p] must equal rank p's output_split_sizes[q]: otherwise every rank raises
     CollectiveMismatch naming the pair. CPU tensors of one dtype, rows of one shape; output must not overlap
     input. Every rank of the group calls it."""
+    comm = FAST.get(id(group))  # the fast path: [Note: the api's fast path] (communicator.py)
+    if comm is not None and not async_op and comm.run_direct(
+            group, comm.shm_all_to_all, input, output,
+            None if output_split_sizes is None and input_split_sizes is None else (output_split_sizes, input_split_sizes)):
+        return None
     op = "all_to_all_single"
     _check_pair(output, "output", input, "input", op)
     _check_cpu(input, "input", op)

@@ -109,11 +109,11 @@ class Communicator:
     # times those calls (busy_s) and logs them in its own history, which the flight recorder dumps.
     def _bind_direct(self):
         self.shm_direct = type(self.transport) is SharedMemory  # every collective of this group runs on self.shm
-        self.shm_all_reduce_ = self.shm_reduce_scatter = self.shm_all_gather = None
+        self.shm_all_reduce_ = self.shm_reduce_scatter = self.shm_all_gather = self.shm_all_to_all = None
         if self.shm_direct:  # bound once: the api passes them to run_direct without a lookup
             direct = _C.shm_direct(self.shm)
             self.shm_all_reduce_, self.shm_reduce_scatter = direct.all_reduce_, direct.reduce_scatter
-            self.shm_all_gather = direct.all_gather
+            self.shm_all_gather, self.shm_all_to_all = direct.all_gather, direct.all_to_all
 
     def run_direct(self, group, native, a, b, c=_TWO_ARGS) -> bool:
         """The api's fast path, written once ([Note: the api's fast path]): runs native(a, b[, c]), one of
@@ -245,7 +245,7 @@ class Communicator:
             self.transport.close()
         self.shm = self.transport = None  # the transports hold the segment too
         self.shm_direct = False
-        self.shm_all_reduce_ = self.shm_reduce_scatter = self.shm_all_gather = None
+        self.shm_all_reduce_ = self.shm_reduce_scatter = self.shm_all_gather = self.shm_all_to_all = None
 
     # ---- collectives on contiguous tensors (any shape), run through run() ----------------------------
     # Each goes to the transport of its tensor's device: the CPU one picked at construction, or the
