@@ -1,6 +1,13 @@
 """The block movers of a group that spans hosts: all-to-all (even and uneven), gather and scatter over a
-ring's point-to-point (ring.P2PRing.exchange), and the hierarchical all-to-all that sends each byte across
-the link once, grouped by destination host, and forwards it inside the host through shared memory.
+ring's point-to-point (ring.P2PRing.exchange), each byte crossing the link once; with several ranks on
+every host, the blocks between a host's own ranks go through shared memory meanwhile.
+
+[Note: the all-to-all across hosts] Every pair on two hosts exchanges its blocks directly. Grouping a
+rank's blocks by destination host into one message to its counterpart there, which forwards them
+through shared memory (DeepEP's forwarding), sends the same bytes in H-1 messages per rank instead of
+(H-1)*L; in the lab (2 hosts x 2 ranks, 1 Gbit/s, 16 MiB per rank, five interleaved repeats) it took
+177-191 ms against 149-159 for the direct exchange and 152-238 for gloo's (link bound 134 ms): fewer
+TCP streams fill the shaped link worse (benchmarks/RESULTS.md, "All-to-all across the lab's hosts").
 
 Counts are elements of flat contiguous CPU tensors, as the shared-memory all_to_all_v takes them:
 send_counts[p] of this rank's input go to group rank p (blocks in rank order), recv_counts[q] come from
@@ -72,77 +79,39 @@ def scatter_flat(ring, out: torch.Tensor, inp: torch.Tensor, root: int, rank: in
     ring.exchange([(q, inp[q * count:(q + 1) * count]) for q in range(ring.n) if q != root], [])
 
 
-def all_to_all_hierarchical(ring, shm, hosts: list[list[int]], out: torch.Tensor, inp: torch.Tensor,
-                            send_counts: list[int], recv_counts: list[int], rank: int):
-    """Several hosts of L ranks each (`hosts`: each host's group ranks in local-rank order). Local rank l
-    sends local rank l of every other host, in one message, all its blocks for that host's ranks (so each
-    byte crosses the link once, grouped by destination host; H-1 messages per rank where the flat exchange
-    sends (H-1)*L), and the receiver forwards them inside its host through shared memory:
-      1. the cross-host messages are posted;
-      2. while they travel, one shared-memory all-to-all moves this host's own blocks between its ranks;
-      3. once they have landed, a second one hands each local rank the blocks that came across for it;
-    each block then goes to its source's place in `out`. In the host: a packing copy where a host's ranks
-    are not consecutive, the two shared-memory all-to-alls, one copy into place of what came across."""
+def all_to_all_direct_across(ring, shm, hosts: list[list[int]], out: torch.Tensor, inp: torch.Tensor,
+                             send_counts: list[int], recv_counts: list[int], rank: int):
+    """Several hosts of L ranks each: every pair on two hosts exchanges its blocks directly over the link
+    (each byte crosses once, (H-1)*L messages per rank), while one shared-memory all-to-all moves the blocks
+    between the ranks of each host, written straight into `out` where the host's ranks are consecutive."""
     matrix = count_matrix(ring, send_counts, recv_counts, rank)
     h = next(i for i, ranks in enumerate(hosts) if rank in ranks)
-    local, mine = hosts[h].index(rank), hosts[h]
+    mine = hosts[h]
     sd, rd = _displacements(send_counts), _displacements(recv_counts)
-    block = lambda g: inp[sd[g]:sd[g] + send_counts[g]]  # noqa: E731  this rank's block for group rank g
-    others = [h2 for h2 in range(len(hosts)) if h2 != h]
-
-    def blocks_for(ranks):  # this rank's blocks for `ranks`, one tensor (a view where they are consecutive)
-        if ranks == list(range(ranks[0], ranks[0] + len(ranks))):
-            return inp[sd[ranks[0]]:sd[ranks[-1]] + send_counts[ranks[-1]]]
-        return torch.cat([block(g) for g in ranks])
-
-    # 1. Across hosts, with local rank `local` of each other host: what it holds for this host's ranks.
-    came = {h2: torch.empty(sum(matrix[hosts[h2][local]][g] for g in mine), dtype=inp.dtype) for h2 in others}
+    away = [g for h2, ranks in enumerate(hosts) if h2 != h for g in ranks]
     try:
-        posted = ring.exchange_start([(hosts[h2][local], blocks_for(hosts[h2])) for h2 in others],
-                                     [(hosts[h2][local], came[h2]) for h2 in others])
+        posted = ring.exchange_start([(g, inp[sd[g]:sd[g] + send_counts[g]]) for g in away],
+                                     [(g, out[rd[g]:rd[g] + recv_counts[g]]) for g in away])
+    except BaseException as e:
+        shm.abort(f"its cross-host step failed: {e}")
+        raise
+    own_send, own_recv = [matrix[rank][g] for g in mine], [matrix[g][rank] for g in mine]
+    consecutive = mine == list(range(mine[0], mine[0] + len(mine)))
+    src = inp[sd[mine[0]]:sd[mine[-1]] + send_counts[mine[-1]]] if consecutive else \
+        torch.cat([inp[sd[g]:sd[g] + send_counts[g]] for g in mine])
+    dst = out[rd[mine[0]]:rd[mine[-1]] + recv_counts[mine[-1]]] if consecutive else \
+        torch.empty(sum(own_recv), dtype=inp.dtype)
+    shm.all_to_all_v(src, dst, own_send, own_recv)
+    if not consecutive:
+        off = 0
+        for g, k in zip(mine, own_recv):
+            out[rd[g]:rd[g] + k].copy_(dst[off:off + k])
+            off += k
+    try:
+        ring.exchange_finish(posted)
     except BaseException as e:
         shm.abort(f"its cross-host step failed: {e}")
         raise
 
-    # 2. This host's own blocks, meanwhile: local rank l2 gets this rank's block for it, straight into `out`.
-    own_send = [matrix[rank][g] for g in mine]
-    own_recv = [matrix[g][rank] for g in mine]
-    own_out = torch.empty(sum(own_recv), dtype=inp.dtype)
-    shm.all_to_all_v(blocks_for(mine), own_out, own_send, own_recv)
-    off = 0
-    for g, k in zip(mine, own_recv):
-        out[rd[g]:rd[g] + k].copy_(own_out[off:off + k])
-        off += k
 
-    try:
-        ring.exchange_finish(posted)
-    except BaseException as e:
-        shm.abort(f"its cross-host step failed: {e}")  # the local ranks waiting for it fail at once, quoting it
-        raise
-
-    # 3. What came across, to its local rank: for local destination l2, the blocks from every other host's
-    # local rank `local` (host order), each a piece of what that host sent.
-    pieces, send_local = [], []
-    for l2, dst in enumerate(mine):
-        total = 0
-        for h2 in others:
-            src = hosts[h2][local]
-            off = sum(matrix[src][mine[l3]] for l3 in range(l2))
-            k = matrix[src][dst]
-            pieces.append(came[h2][off:off + k])
-            total += k
-        send_local.append(total)
-    recv_local = [sum(matrix[hosts[h2][l3]][rank] for h2 in others) for l3 in range(len(mine))]
-    staged = torch.cat(pieces) if pieces else inp[:0]
-    landed = torch.empty(sum(recv_local), dtype=inp.dtype)
-    shm.all_to_all_v(staged, landed, send_local, recv_local)
-    off = 0  # landed: per local source l3, the blocks of every other host's rank l3, in host order
-    for l3 in range(len(mine)):
-        for h2 in others:
-            g = hosts[h2][l3]
-            k = matrix[g][rank]
-            out[rd[g]:rd[g] + k].copy_(landed[off:off + k])
-            off += k
-
-
-__all__ = ["all_to_all_flat", "all_to_all_hierarchical", "count_matrix", "gather_flat", "scatter_flat"]
+__all__ = ["all_to_all_direct_across", "all_to_all_flat", "count_matrix", "gather_flat", "scatter_flat"]

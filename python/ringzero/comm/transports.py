@@ -246,11 +246,12 @@ class Hierarchical(NetworkRing):
         all_reduce_hierarchical(x, self.local_world, reduce_scatter, cross, shm.all_gather)
 
     def all_to_all(self, out: torch.Tensor, inp: torch.Tensor, send_counts: list[int], recv_counts: list[int]):
-        """Across hosts once per destination host, then through shared memory (exchange.py)."""
+        """Every pair on two hosts directly, the host's own blocks through shared memory meanwhile
+        ([Note: the all-to-all across hosts], exchange.py)."""
         self.settle()
         ring = self.begin("all_to_all", inp[:0])
-        exchange.all_to_all_hierarchical(ring, self.shm, self.hosts, out.view(-1), inp.view(-1), send_counts,
-                                         recv_counts, self.rank)
+        exchange.all_to_all_direct_across(ring, self.shm, self.hosts, out.view(-1), inp.view(-1), send_counts,
+                                          recv_counts, self.rank)
 
     def segment_numel(self, x: torch.Tensor) -> int:
         """Elements per segment of the pipelined all-reduce for x, or 0 where x is too small to cut in

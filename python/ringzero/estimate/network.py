@@ -25,12 +25,11 @@ bandwidth B (per direction, per GPU); a collective is its steps in sequence:
                           n-1 blocks of M/n leave each rank; across nodes at the slower link, the n_local
                           ranks of a node crossing at once and sharing its NICs
   one-shot all-to-all     alpha + (n-1)/n M/B             inside a node: every rank reads its blocks from its peers
-  hierarchical all-to-all (N-1) alpha_inter + (N-1)/N M/B_inter'  then  alpha_intra + (n_local-1)/n_local M/B_intra
-                          N nodes: each rank sends its counterpart on every other node one message, all its
-                          blocks for that node's ranks (M/N); the node's n_local ranks share its NICs as the
-                          hierarchical all-reduce's rings do (B_inter' = cross_link(n_local)); then a one-shot
-                          all-to-all in the node hands each rank what arrived for it and the node's own blocks
-                          (ringzero's comm/exchange.py all_to_all_hierarchical); not pipelined
+  hierarchical all-to-all max((N-1) n_local alpha_inter + (N-1)/N M/B_inter',  alpha_intra + (n_local-1)/n M/B_intra)
+                          N nodes: every pair on two nodes exchanges directly (each byte crosses once), the
+                          node's n_local ranks sharing its NICs (B_inter' = cross_link(n_local)), while a
+                          one-shot all-to-all in the node moves the node's own blocks (n_local/n of M)
+                          (ringzero's comm/exchange.py all_to_all_direct_across)
 
 M is the whole buffer as nccl-tests counts it (all-reduce: the tensor; reduce-scatter: the input;
 all-gather: the output; all-to-all: what one rank sends, its own block included). One-shot and two-shot need every peer's memory (NVLink/NVSwitch, shared
@@ -247,13 +246,14 @@ def _pairwise_all_to_all(nbytes: float, n: int, link: Link) -> float:
 
 
 def _hierarchical_all_to_all(nbytes: float, shape: GroupShape, cluster: Cluster) -> float:
-    """One message of nbytes / nodes to each other node, then the node's one-shot all-to-all of the whole
-    buffer (what arrived and the node's own blocks). Every rank of every sibling group on a node crosses at
-    once, so the node's NICs are shared by local * siblings streams."""
+    """ringzero's form across nodes (comm/exchange.py all_to_all_direct_across): every pair on two nodes
+    exchanges directly, (N-1) * local messages of M/n per rank with the node's NICs shared by its local *
+    siblings streams, while a one-shot all-to-all in the node moves the node's own blocks (local/n of each
+    rank's buffer) over the intra link: the slower of the two."""
     across, inside = shape.nodes, shape.local
     cross_link = cluster.cross_link(inside * shape.siblings)
-    cross = (across - 1) * cross_link.latency_s + (across - 1) / across * nbytes / cross_link.bytes_per_s
-    return cross + _one_shot("all_to_all", nbytes, inside, cluster.intra)
+    cross = (across - 1) * inside * cross_link.latency_s + (across - 1) / across * nbytes / cross_link.bytes_per_s
+    return max(cross, _one_shot("all_to_all", nbytes * inside / (across * inside), inside, cluster.intra))
 
 
 def _all_to_all_times(nbytes: float, shape: GroupShape, cluster: Cluster) -> dict[str, float]:
