@@ -10,8 +10,10 @@ results combined back with a third, and the same in backward (an autograd Functi
 reverse exchange). Two replicas with the same seed train side by side, one on a group made with
 backend="ringzero", one on a gloo group, one step of each in turn; the table gives the median time per
 step of the all-to-alls (every call timed, forward and backward), of the whole step, and the ratio gloo /
-ringzero. At the end every parameter of the two replicas must be equal, bit for bit (an all-to-all only
-moves bytes, so the two runs compute the same floats).
+ringzero. An all-to-all's time as called includes waiting for the slowest rank (whose experts got more
+tokens); --sync puts an untimed barrier before each, so that the time is the exchange's alone. At the end
+every parameter of the two replicas must be equal, bit for bit (an all-to-all only moves bytes, so the
+two runs compute the same floats).
 """
 from __future__ import annotations
 
@@ -41,8 +43,13 @@ class Exchange(torch.autograd.Function):
         return timed_all_to_all(grad.contiguous(), in_splits, out_splits, group, clock), None, None, None, None
 
 
+SYNC = [False]  # --sync: a barrier (not timed) before every all-to-all
+
+
 def timed_all_to_all(x, out_splits, in_splits, group, clock):
     out = x.new_empty((sum(out_splits), *x.shape[1:]))
+    if SYNC[0]:
+        dist.barrier(group=group)
     t0 = time.perf_counter()
     dist.all_to_all_single(out, x, out_splits, in_splits, group=group)
     clock.append(time.perf_counter() - t0)
@@ -69,6 +76,8 @@ class StockMoE(torch.nn.Module):
         rows = x.repeat_interleave(2, dim=0)[order]
         per_expert = torch.bincount(flat, minlength=self.experts)
         got = torch.empty_like(per_expert)
+        if SYNC[0]:
+            dist.barrier(group=self.group)
         t0 = time.perf_counter()
         dist.all_to_all_single(got, per_expert, group=self.group)
         self.clock.append(time.perf_counter() - t0)
@@ -91,6 +100,7 @@ class StockMoE(torch.nn.Module):
 
 
 def run(args):
+    SYNC[0] = args.sync
     rank, world = dist.get_rank(), dist.get_world_size()
     groups = {"ringzero": dist.new_group(list(range(world)), backend="ringzero"),
               "gloo": dist.new_group(list(range(world)), backend="gloo")}
@@ -132,7 +142,8 @@ def run(args):
         a_rz, a_gl, s_rz, s_gl = (v * 1e3 for v in t.tolist())
         print(f"# stock MoE layer on plain torch.distributed | {world} ranks | tokens {args.tokens} x d {args.d}, "
               f"{args.experts} experts top-2, hidden {args.hidden} | medians of steps {skip}-{args.steps - 1}, "
-              "slowest rank, ms per step")
+              "slowest rank, ms per step" + (" | a barrier (not timed) before every all-to-all" if args.sync else
+                                             " | all-to-all time as called (waits for the slowest rank included)"))
         print(f"{'':>10} | {'all-to-all':>10} | {'step':>8}")
         print(f"{'ringzero':>10} | {a_rz:>10.2f} | {s_rz:>8.2f}")
         print(f"{'gloo':>10} | {a_gl:>10.2f} | {s_gl:>8.2f}")
@@ -148,6 +159,8 @@ def main(argv=None):
     p.add_argument("--d", type=int, default=256)
     p.add_argument("--hidden", type=int, default=512)
     p.add_argument("--experts", type=int, default=8)
+    p.add_argument("--sync", action="store_true", help="a barrier before every all-to-all, outside its time: the "
+                   "exchange alone, without the wait for a rank whose experts got more tokens")
     args = p.parse_args(argv)
     launch(run, args.nproc, args)
     return 0
