@@ -62,7 +62,7 @@ def _world_rows(tmp):
         ("DDP not a module", TypeError, "nn.Module", lambda: DistributedDataParallel(3)),
         ("Mesh pp does not divide", ValueError, "does not divide", lambda: Mesh(pp=3) if dist.get_world_size() == 2 else
          (_ for _ in ()).throw(ValueError("does not divide"))),
-        ("Mesh axis", ValueError, "unknown mesh axis", lambda: Mesh(pp=1).group("ep")),
+        ("Mesh axis", ValueError, "unknown mesh axis", lambda: Mesh(pp=1).group("xp")),
         # checkpoint
         ("load missing checkpoint", FileNotFoundError, "no complete checkpoint", lambda: checkpoint.load(
             os.path.join(tmp, "none"), lin)),
@@ -89,7 +89,7 @@ def test_bad_calls_in_a_process_group(tmp_path):
     (["train", "--strategy", "pp", "--nproc", "2", "--pp", "3"], "must divide --nproc"),
     (["train", "--save-every", "2"], "need --checkpoint-dir"),
     (["train", "--bogus-flag"], "unrecognized arguments"),
-    (["bench", "--ops", "all_to_all"], "unknown op"),
+    (["bench", "--ops", "all_to_some"], "unknown op"),
     (["bench", "--min-bytes", "1K", "--max-bytes", "8"], "--min-bytes <= --max-bytes"),
     (["estimate", "--params", "1B", "--world", "0"], "world"),
 ])
