@@ -12,7 +12,7 @@ every size (ringzero.timing.time_calls: the slowest rank's mean per call), the o
 from round to round; the table gives each one's median over the rounds with its range, the ratio gloo /
 ringzero of the medians (above 1: ringzero faster), and floor%: the time no algorithm can beat (each rank
 reads its input and writes its output once, at the streaming bandwidth of that working set measured in the
-same run: ringzero.bench.stream_bandwidth), over ringzero's median. Before timing, each door's output is
+same run: ringzero.cli.bench.stream_bandwidth), over ringzero's median. Before timing, each door's output is
 checked equal, bit for bit, to gloo's.
 """
 from __future__ import annotations
@@ -24,8 +24,8 @@ import sys
 import torch
 import torch.distributed as dist
 
-from ringzero.bench import _max_over_ranks, human, parse_size, stream_bandwidth
-from ringzero.launch import launch
+from ringzero.cli.bench import _max_over_ranks, human, parse_size, stream_bandwidth
+from ringzero.cli.launch import launch
 from ringzero.timing import time_calls
 
 DOORS = ("ringzero.*", "backend", "gloo")

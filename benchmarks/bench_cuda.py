@@ -1,4 +1,5 @@
-"""CUDA benchmark: reduction kernels and simulated-rank collectives against the measured HBM floor.
+"""CUDA benchmark: reduction kernels and simulated-rank collectives (all-reduce, all-to-all) against the
+measured HBM floor.
 
     python benchmarks/bench_cuda.py [--quick] [--ranks 2,4,8]
 
@@ -133,6 +134,57 @@ def bench_simulated(ranks: list[int], sizes: list[int], out) -> int:
     return errors
 
 
+def bench_all_to_all(ranks: list[int], sizes: list[int], out) -> int:
+    """The all-to-all tables (even splits, float32); returns how many ratios broke the floor. Each size is
+    checked exact against torch's result before it is timed (an error stops the run)."""
+    errors = 0
+    for n in ranks:
+        out(f"\n## all-to-all, {n} simulated ranks on one GPU (float32, even splits; size = one rank's input). "
+            f"floor = one copy of the {n} inputs to the {n} outputs (graph-timed at this size): the least any "
+            "all-to-all moves; ours stages each input once and reads it once (2 copies), so about 50% of the floor "
+            "is its model's bound where L2 does not hold the staging. torch = torch.cat of every rank's block "
+            "into each output (one copy: what a user writes for simulated ranks).")
+        out(f"{'size':>9} {'count':>10} {'who':>8} {'time_us':>9} {'algbw':>7} {'floor_us':>8} {'of floor':>8} "
+            f"{'vs torch':>8}")
+        sim = rz_cuda.simulated_world(n, staging_bytes=64 << 20)
+        for size in sizes:
+            count = size // 4 // n * n
+            block = count // n
+            xs = [torch.arange(count, device="cuda", dtype=torch.float32) + q * count for q in range(n)]
+            outs = [torch.empty_like(x) for x in xs]
+            want = [torch.empty_like(x) for x in xs]
+            counts = [torch.full((n,), block, dtype=torch.int64, device="cuda") for _ in range(n)]
+            iters = 20 if size <= (1 << 20) else 3
+
+            def torch_all_to_all():
+                for r in range(n):
+                    torch.cat([x[r * block:(r + 1) * block] for x in xs], out=want[r])
+
+            def ours():
+                sim.all_to_all(xs, outs, counts)
+
+            torch_all_to_all()
+            ours()
+            torch.cuda.synchronize()
+            sim.check()
+            for r in range(n):
+                if not torch.equal(outs[r], want[r]):
+                    raise AssertionError(f"all-to-all, {n} ranks, {fmt_size(size)}: rank {r}'s output differs from torch's")
+            floor = copy_time(n * count * 4, iters)
+            times = {"torch": time_graph(torch_all_to_all, iters), "ringzero": time_graph(ours, iters)}
+            for name, t in times.items():
+                ratio = floor / t
+                flag = ""
+                if ratio > 1.0:
+                    flag = "  MODEL ERROR: faster than the floor"
+                    errors += 1
+                vs = "" if name == "torch" else f"{times['torch'] / t:7.2f}x"
+                out(f"{fmt_size(size):>9} {count:>10} {name:>8} {t * 1e6:9.1f} {count * 4 / t / 1e9:7.2f} "
+                    f"{floor * 1e6:8.1f} {ratio:8.1%} {vs:>8}{flag}")
+            del xs, outs, want
+    return errors
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="fewer sizes (a smoke run)")
@@ -159,6 +211,7 @@ def main():
         [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20]
     ranks = [int(r) for r in args.ranks.split(",")]
     errors = bench_simulated(ranks, sizes, out)
+    errors += bench_all_to_all(ranks, sizes, out)
     if errors:
         out(f"\n{errors} MODEL ERROR(s): a row beat the floor, so the floor's model or the timing is wrong")
     if args.out:

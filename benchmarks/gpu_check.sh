@@ -81,7 +81,7 @@ fi
 PLAN=()   # "limit|what" per step that will run, in order
 [ $BUILD_NEEDED = 1 ] && PLAN+=("$L_BUILD|1. build: configure, layers 1-3 and their C++ tests, ringzero._C when torch has CUDA; $ARCH_NOTE")
 want ctest && PLAN+=("$L_CTEST|2. C++ tests (ctest): the CUDA ones (fixed cases, fuzz, timeout, Adam, quantization) and the CPU ones; no CPU grid")
-want pytest && PLAN+=("$L_PYTEST|3. Python GPU tests: test_cuda, test_cuda_fuzz, test_cuda_timeout, test_adam_cuda, test_quantize_cuda, test_backend_cuda (not compiled)")
+want pytest && PLAN+=("$L_PYTEST|3. Python GPU tests: test_cuda, test_cuda_fuzz, test_cuda_alltoall, test_cuda_timeout, test_adam_cuda, test_quantize_cuda, test_backend_cuda (not compiled)")
 want compile && PLAN+=("$L_COMPILE|3b. stock DDP under torch.compile on the ringzero backend, 2 ranks on one GPU")
 want bench && PLAN+=("$L_BENCH|4. CUDA benchmark (benchmarks/bench_cuda.py)" "$L_OPTIM|4b. fused Adam benchmark (benchmarks/optim.py --device cuda)"
                      "$L_RZBENCH|4c. ringzero bench --device cuda: 4 simulated ranks, then a process per GPU (2 sharing one GPU where there is one)")
@@ -186,7 +186,7 @@ if [ "$TORCH_CUDA" = 1 ]; then
     # test_backend_cuda: the "ringzero" c10d backend on CUDA tensors (ops at 2-3 processes, DDP/FSDP2 at 2 and 4,
     # 10 training steps, a rank missing at the CUDA rendezvous); not yet timed on a GPU.
     step "$L_PYTEST" "3. Python GPU tests (fixed cases, fuzz, missing peer, multi-tensor Adam and its graph capture, block quantization, c10d backend)" \
-      "$PY" -m pytest -q -rs tests/cuda/test_cuda.py tests/cuda/test_cuda_fuzz.py tests/cuda/test_cuda_timeout.py tests/cuda/test_adam_cuda.py \
+      "$PY" -m pytest -q -rs tests/cuda/test_cuda.py tests/cuda/test_cuda_fuzz.py tests/cuda/test_cuda_alltoall.py tests/cuda/test_cuda_timeout.py tests/cuda/test_adam_cuda.py \
       tests/cuda/test_quantize_cuda.py tests/cuda/test_backend_cuda.py -k "not compiled"
   fi
   if want compile; then

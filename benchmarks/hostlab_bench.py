@@ -253,7 +253,7 @@ def train_rows(lab, hosts: int, local: int, out: str) -> list[tuple]:
         for strategy in (ours, theirs):
             folder = os.path.join(out, strategy)
             how = ["--strategy", strategy] if strategy == ours else ["--compare", strategy]
-            runs = lab.run([local] * hosts, ["-m", "ringzero.train", *how, *TRAIN_ARGS, "--out", folder],
+            runs = lab.run([local] * hosts, ["-m", "ringzero.cli.train", *how, *TRAIN_ARGS, "--out", folder],
                            {"RINGZERO_TIMEOUT_S": "300"}, timeout_s=900)
             bad = [r for r in runs if r.returncode != 0]
             if bad:

@@ -30,7 +30,7 @@ class RowFailed(Exception):
 def run_row(lab, local: int, how: list[str], steps: int, out: str) -> tuple[dict, list[int]]:
     """One `ringzero train` on every host; returns its results.json and the bytes each host sent."""
     before = lab.sent_bytes()
-    runs = lab.run([local] * lab.hosts, ["-m", "ringzero.train", *how, *MODEL_ARGS, "--steps", str(steps),
+    runs = lab.run([local] * lab.hosts, ["-m", "ringzero.cli.train", *how, *MODEL_ARGS, "--steps", str(steps),
                                          "--out", out], {"RINGZERO_TIMEOUT_S": "300"}, timeout_s=1200)
     sent = [a - b for a, b in zip(lab.sent_bytes(), before)]
     bad = [r for r in runs if r.returncode != 0]

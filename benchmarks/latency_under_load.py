@@ -51,8 +51,8 @@ def _worker(args):
 
 
 def main(argv=None):
-    from ringzero.bench import parse_size
-    from ringzero.launch import launch
+    from ringzero.cli.bench import parse_size
+    from ringzero.cli.launch import launch
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--op", default="all_reduce", choices=("all_reduce", "reduce_scatter", "all_gather"))

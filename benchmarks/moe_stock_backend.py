@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ringzero.launch import launch
+from ringzero.cli.launch import launch
 
 
 class Exchange(torch.autograd.Function):

@@ -131,7 +131,7 @@ def ringzero_worker(args):
     import torch.distributed as dist
 
     import ringzero
-    from ringzero.bench import _max_over_ranks
+    from ringzero.cli.bench import _max_over_ranks
 
     calls = {"all_reduce": lambda big, small: lambda: ringzero.all_reduce(big),
              "reduce_scatter": lambda big, small: lambda: ringzero.reduce_scatter_single(small, big),
@@ -168,9 +168,9 @@ def run_job(impl: str, args, result: str):
 
 
 def round_trip_ns() -> float | None:
-    """The cache-line round trip between the first two cpus (ringzero.bench.core_round_trip_ns), measured
+    """The cache-line round trip between the first two cpus (ringzero.cli.bench.core_round_trip_ns), measured
     by the driver between jobs: tens of ns when the host has both on one last-level cache, hundreds when not."""
-    from ringzero.bench import core_round_trip_ns
+    from ringzero.cli.bench import core_round_trip_ns
 
     ns = core_round_trip_ns()
     return None if ns is None else round(ns, 1)
@@ -178,7 +178,7 @@ def round_trip_ns() -> float | None:
 
 def placement(run: dict) -> str:
     """"one" (one L3 before and after the job), "split" (separate L3s both times), "mixed" or "n/a"."""
-    from ringzero.bench import placement_of
+    from ringzero.cli.bench import placement_of
 
     ns = [x for x in run.get("round_trip_ns", []) if x is not None]
     return placement_of(ns) if ns else "n/a"
@@ -308,7 +308,7 @@ def main(argv=None):
     p.add_argument("--worker", choices=("ringzero", "mpi"), help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    from ringzero.bench import parse_size
+    from ringzero.cli.bench import parse_size
 
     args.ops = [o for o in args.ops.split(",") if o]
     bad = [o for o in args.ops if o not in OPS]
@@ -318,7 +318,7 @@ def main(argv=None):
     if args.worker == "mpi":
         return mpi_worker(args)
     if args.worker == "ringzero":  # one rank of torchrun's
-        from ringzero.launch import run_as_user_script
+        from ringzero.cli.launch import run_as_user_script
 
         return run_as_user_script(ringzero_worker, args)
     impls = [i for i in args.impls.split(",") if i]

@@ -22,7 +22,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from ringzero.launch import launch
+from ringzero.cli.launch import launch
 from ringzero.models import GPT, GPTConfig, lm_loss
 from ringzero.parallel.pipeline import (PipelineRunner, PipelineStage, bubble_fraction, chrome_trace, gather_timeline,
                                         measured_costs, plot_timelines, simulate, split)

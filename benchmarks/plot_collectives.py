@@ -20,7 +20,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 import torch  # noqa: E402
 
-from ringzero.bench import BUS_FACTOR, DTYPES  # noqa: E402
+from ringzero.cli.bench import BUS_FACTOR, DTYPES  # noqa: E402
 
 
 def read_table(path: str) -> tuple[str, dict[str, list[tuple[int, float, float | None]]]]:

@@ -70,7 +70,7 @@ def worker(args):
     import torch.distributed as dist
 
     import ringzero
-    from ringzero.bench import _calls
+    from ringzero.cli.bench import _calls
 
     rank, world = dist.get_rank(), dist.get_world_size()
     rows = {}
@@ -110,7 +110,7 @@ def run_job(args, result: str) -> dict:
                HERE] + common
     else:
         cmd = [sys.executable, HERE, "--nproc", str(args.nproc)] + common
-    from ringzero.bench import core_round_trip_ns, placement_of
+    from ringzero.cli.bench import core_round_trip_ns, placement_of
 
     before = core_round_trip_ns()
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.job_timeout_s)
@@ -140,7 +140,7 @@ def table(jobs: list, args) -> str:
     """Markdown: per row, every job's mean call, slowest/median and slowest/fastest job, and the counters of
     the fastest and the slowest job. A slow mode (whole jobs several times slower) shows as a slowest/median
     far above 1; issue 47's bar is 1.3."""
-    from ringzero.bench import human
+    from ringzero.cli.bench import human
 
     lines = ["| op | size | mean us per job | slowest / median | slowest / fastest | fastest job: outliers, steal ms, "
              "others ms, invol. switches, minor faults | slowest job: the same |", "|---|---|---|---|---|---|---|"]
@@ -171,7 +171,7 @@ def main(argv=None):
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    from ringzero.bench import parse_size
+    from ringzero.cli.bench import parse_size
 
     args.ops = [o for o in args.ops.split(",") if o]
     if any(o not in OPS for o in args.ops):
@@ -179,10 +179,10 @@ def main(argv=None):
     args.sizes = [parse_size(s) for s in args.sizes.split(",") if s]
     if args.worker:
         if "RANK" in os.environ:  # one rank of torchrun's
-            from ringzero.launch import run_as_user_script
+            from ringzero.cli.launch import run_as_user_script
 
             return run_as_user_script(worker, args)
-        from ringzero.launch import launch
+        from ringzero.cli.launch import launch
 
         return launch(worker, args.nproc, args)
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())

@@ -27,7 +27,7 @@ def worker(args):
     import torch.distributed as dist
 
     import ringzero
-    from ringzero.bench import _timed
+    from ringzero.cli.bench import _timed
 
     world = dist.get_world_size()
     out = {}
@@ -52,10 +52,10 @@ def main(argv=None):
     args = p.parse_args(argv)
     args.sizes = [int(s) << 20 for s in args.sizes.split(",")]
     if args.worker:
-        from ringzero.launch import launch
+        from ringzero.cli.launch import launch
 
         return launch(worker, 2, args)
-    from ringzero.bench import core_round_trip_ns, placement_of
+    from ringzero.cli.bench import core_round_trip_ns, placement_of
 
     if not args.settings:
         p.error("name at least one setting (or `default`)")

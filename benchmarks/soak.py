@@ -173,7 +173,7 @@ def main(argv=None):
         if len(ids) != args.nproc:
             p.error(f"--hosts needs {args.nproc} ids, got {len(ids)}")
         os.environ["RINGZERO_HOST_IDS"] = args.hosts
-    from ringzero.launch import launch
+    from ringzero.cli.launch import launch
 
     launch(_soak_entry, args.nproc, args)
 

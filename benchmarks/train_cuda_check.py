@@ -33,7 +33,7 @@ MODEL = ["--batch", "8", "--seq", "64", "--layers", "2", "--d-model", "128", "--
 
 
 def _run(tmp: str, name: str, argv: list[str]) -> dict:
-    from ringzero import train
+    from ringzero.cli import train
 
     out = os.path.join(tmp, name)
     assert train.main([*MODEL, *argv, "--out", out]) == 0

@@ -24,7 +24,7 @@ struct PeerConfig {
   int ring_channels = 16;                 // fixed per communicator (it fixes the FIFO layout)
   int max_blocks = 32;                    // one-shot/two-shot blocks per rank
   // Auto picks one-shot up to one_shot_max_bytes, two-shot up to two_shot_max_bytes, ring above.
-  // NOT MEASURED yet: starting points. The 2026-11-22 H100 run (benchmarks/results/h100-2026-11-22)
+  // NOT MEASURED yet: starting points. The first H100 run (benchmarks/results/h100-2026-11-22/)
   // timed a one-shot/two-shot with a staging race since fixed, so its crossovers do not count; replace
   // these with the crossover that benchmarks/gpu_check.sh prints ("fastest per size") on a fixed build.
   size_t one_shot_max_bytes = 256u << 10;

@@ -2,7 +2,7 @@
 // streams it with reduce_span (fp32 accumulation for 16-bit types, fused divide for Avg).
 // Bytes moved: (nsrc + 1) x count x element size; enough blocks to fill every SM several times so the
 // loads of all sources are in flight together. Loads and stores are already 16-byte (reduce_span);
-// measured 2.50 TB/s = 83% of copy bandwidth on an H100 (2026-11-22), short of the 90% goal. Not tried
+// measured 2.50 TB/s = 83% of copy bandwidth on an H100 (benchmarks/RESULTS.md), short of the 90% goal. Not tried
 // yet, for want of a GPU to measure: two packs in flight per thread (unrolled loop) and plain (.ca)
 // loads for user inputs that no peer rewrites during the kernel.
 #include "cuda/dispatch.cuh"

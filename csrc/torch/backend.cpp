@@ -142,8 +142,8 @@ void RingzeroBackend::rendezvous(const c10::intrusive_ptr<c10d::Store>& store) {
   }
   // The worker thread waits while this rank's main thread computes (DDP's backward overlaps its
   // all-reduces): spinning would take that core, so it sleeps on the peer's futex at once. Measured
-  // with benchmarks/ddp_backend.py on the shared 2-core machine (2026-11-21, then still a polling
-  // sleep): all-reduce of 13 MB at 2 ranks took 3.1 ms without spinning, 14.4 ms with it. Each op
+  // with benchmarks/ddp_backend.py on the shared 2-core machine (then still a polling sleep): all-reduce
+  // of 13 MB at 2 ranks took 3.1 ms without spinning, 14.4 ms with it (benchmarks/RESULTS.md). Each op
   // sets it again: a caller blocked on the result spins ([Note: the caller runs its own collective]);
   // whether spinning is allowed at all is judged by the cpus of the host's ranks together.
   if (shm_ && config_.host_cpus > 0) shm_->set_host_cpus(config_.host_cpus);

@@ -73,6 +73,40 @@ DType check_cuda(const at::Tensor& t, const char* arg, const at::Tensor* like = 
   return cuda_dtype(t, arg);
 }
 
+// The all-to-all moves bytes, by element size: any dtype of 1, 2, 4 or 8 bytes goes as the DType of that size.
+DType mover_dtype(const at::Tensor& t, const char* arg) {
+  switch (t.element_size()) {
+    case 1: return DType::U8;
+    case 2: return DType::F16;
+    case 4: return DType::I32;
+    case 8: return DType::I64;
+  }
+  TORCH_CHECK_TYPE(false, arg, " has dtype ", t.scalar_type(), " (", t.element_size(), " bytes an element); the CUDA ",
+                   "all-to-all moves elements of 1, 2, 4 or 8 bytes (view it as another dtype first)");
+  return DType::U8;
+}
+
+// One rank's all-to-all tensors, checked: a contiguous CUDA input and output of one dtype and device (the
+// output not overlapping the input: the layer below checks that), and its send counts: `n` int64 on the same
+// device, contiguous (they stay there: the kernel reads them, the host never does). Returns the mover dtype.
+DType check_all_to_all(const at::Tensor& in, const at::Tensor& out, const at::Tensor& counts, int n,
+                       const std::string& rank) {
+  TORCH_CHECK_VALUE(in.is_cuda(), "input", rank, " must be a CUDA tensor, got one on ", in.device());
+  TORCH_CHECK_VALUE(in.is_contiguous(), "input", rank, " must be contiguous; call .contiguous() first");
+  TORCH_CHECK_VALUE(out.is_cuda() && out.device() == in.device(), "output", rank, " must be on ", in.device(),
+                    ", the input's device; got ", out.device());
+  TORCH_CHECK_VALUE(out.is_contiguous(), "output", rank, " must be contiguous; call .contiguous() first");
+  TORCH_CHECK_TYPE(out.scalar_type() == in.scalar_type(), "output", rank, " dtype ", out.scalar_type(),
+                   " differs from the input's, ", in.scalar_type());
+  TORCH_CHECK_VALUE(counts.is_cuda() && counts.device() == in.device(), "send_counts", rank, " must be on ",
+                    in.device(), ", the input's device (the kernel reads them there); got ", counts.device());
+  TORCH_CHECK_TYPE(counts.scalar_type() == at::kLong, "send_counts", rank, " must be int64, got ",
+                   counts.scalar_type());
+  TORCH_CHECK_VALUE(counts.is_contiguous() && counts.numel() == n, "send_counts", rank,
+                    " must be a contiguous tensor of ", n, " elements (one per rank), got ", counts.numel());
+  return mover_dtype(in, "input");
+}
+
 ReduceOp op_of(int op) {
   TORCH_CHECK_VALUE(op >= 0 && op < kNumReduceOps, "unknown reduce op ", op);
   return static_cast<ReduceOp>(op);
@@ -133,6 +167,32 @@ py::object timeout_record(const cuda::RunStatus* s) {
 
 struct SimRanks {
   std::unique_ptr<cuda::SimWorld> world;
+  void all_to_all(const std::vector<at::Tensor>& ins, const std::vector<at::Tensor>& outs,
+                  const std::vector<at::Tensor>& counts) {
+    const int n = world->nranks();
+    TORCH_CHECK_VALUE(static_cast<int>(ins.size()) == n && static_cast<int>(outs.size()) == n &&
+                          static_cast<int>(counts.size()) == n,
+                      "pass one input, one output and one send_counts tensor per simulated rank (", n, ")");
+    std::vector<const void*> ip;
+    std::vector<void*> op_;
+    std::vector<size_t> in_elems, out_elems;
+    std::vector<const int64_t*> cp;
+    DType d = DType::U8;
+    for (int q = 0; q < n; ++q) {
+      const std::string rank = "[" + std::to_string(q) + "]";
+      d = check_all_to_all(ins[q], outs[q], counts[q], n, rank);
+      TORCH_CHECK_VALUE(ins[q].device() == ins[0].device() && ins[q].scalar_type() == ins[0].scalar_type(),
+                        "every simulated rank's tensors must share the device and dtype of inputs[0]");
+      ip.push_back(ins[q].data_ptr());
+      op_.push_back(outs[q].data_ptr());
+      in_elems.push_back(ins[q].numel());
+      out_elems.push_back(outs[q].numel());
+      cp.push_back(counts[q].data_ptr<int64_t>());
+    }
+    c10::cuda::CUDAGuard guard(ins[0].device());
+    cudaStream_t s = stream_of(ins[0]);
+    nogil([&] { world->all_to_all(ip, in_elems, op_, out_elems, cp, d, s); });
+  }
   void run(cuda::Coll coll, const std::vector<at::Tensor>& ins, const std::vector<at::Tensor>& outs, int op, int algo) {
     const int n = world->nranks();
     TORCH_CHECK_VALUE(static_cast<int>(ins.size()) == n && static_cast<int>(outs.size()) == n,
@@ -260,6 +320,17 @@ void bind_cuda(py::module_& m) {
         nogil([&] { c.run(k, in.data_ptr(), out.data_ptr(), count, d, op_of(op), static_cast<cuda::Algo>(algo), s); });
       }, py::arg("coll"), py::arg("input"), py::arg("output"), py::arg("op"), py::arg("algo"),
       "coll 0 all-reduce, 1 reduce-scatter, 2 all-gather, on the current stream")
+      .def("all_to_all", [](cuda::PeerComm& c, at::Tensor in, at::Tensor out, at::Tensor send_counts) {
+        const DType d = check_all_to_all(in, out, send_counts, c.nranks(), "");
+        c10::cuda::CUDAGuard guard(in.device());
+        cudaStream_t s = stream_of(in);
+        nogil([&] {
+          c.all_to_all(in.data_ptr(), in.numel(), out.data_ptr(), out.numel(), send_counts.data_ptr<int64_t>(), d, s);
+        });
+      }, py::arg("input"), py::arg("output"), py::arg("send_counts"),
+      "All-to-all(v) along dim 0 on the current stream: block q of the input (send_counts[q] elements; "
+      "send_counts an int64 CUDA tensor, read by the kernel) goes to rank q; the output receives block rank() "
+      "of every rank in rank order, placed by the senders' counts. Every rank calls it")
       .def("timeout_record", [](const cuda::PeerComm& c) { return timeout_record(c.timed_out()); },
            "None, or what a kernel of this communicator waited for when its wait ran out (read it after the "
            "collective's stream finished); ranks are the communicator's")
@@ -297,7 +368,11 @@ void bind_cuda(py::module_& m) {
       .def("check", [](const SimRanks& s) { s.world->check(); }, "Raises CommTimeout if a kernel timed out")
       .def("run", [](SimRanks& s, int coll, std::vector<at::Tensor> ins, std::vector<at::Tensor> outs, int op,
                      int algo) { s.run(static_cast<cuda::Coll>(coll), ins, outs, op, algo); },
-           py::arg("coll"), py::arg("inputs"), py::arg("outputs"), py::arg("op"), py::arg("algo"));
+           py::arg("coll"), py::arg("inputs"), py::arg("outputs"), py::arg("op"), py::arg("algo"))
+      .def("all_to_all", [](SimRanks& s, std::vector<at::Tensor> ins, std::vector<at::Tensor> outs,
+                            std::vector<at::Tensor> send_counts) { s.all_to_all(ins, outs, send_counts); },
+           py::arg("inputs"), py::arg("outputs"), py::arg("send_counts"),
+           "CudaPeerComm.all_to_all of every simulated rank in one launch");
 
   py::class_<LoopbackRings>(m, "LoopbackRing")
       .def(py::init([](int nranks, size_t slice_bytes) {

@@ -2,7 +2,7 @@
 // API (METH_FASTCALL) instead of pybind11, for the calls whose cost is mostly the call itself.
 //
 // A 4 KiB all-gather at 2 ranks took 1.03 us through ringzero.all_gather_single and 0.55 us through the
-// pybind11 binding alone (2-core VM, one L3, 2026-11-25): the api's checks in Python (tensor types,
+// pybind11 binding alone (2-core VM, one L3: benchmarks/RESULTS.md): the api's checks in Python (tensor types,
 // is_cpu), pybind11's overload dispatch and its tensor casters came to 0.1-0.2 us of it. These methods
 // do the same checks in C on the PyObjects themselves and return False, with nothing done and no
 // exception, for arguments they do not take (a tensor subclass other than Parameter, a non-CPU,

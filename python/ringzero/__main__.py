@@ -4,8 +4,8 @@ from __future__ import annotations
 import sys
 
 COMMANDS = {
-    "train": ("ringzero.train", "train the byte-level GPT with one strategy or compare several"),
-    "bench": ("ringzero.bench", "collectives microbenchmark against gloo"),
+    "train": ("ringzero.cli.train", "train the byte-level GPT with one strategy or compare several"),
+    "bench": ("ringzero.cli.bench", "collectives microbenchmark against gloo"),
     "estimate": ("ringzero.estimate", "memory per GPU and communication per step of a training plan"),
 }
 

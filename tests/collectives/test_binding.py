@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from ringzero import _C
-from ringzero.launch import core_share
+from ringzero.cli.launch import core_share
 
 CPUS = sorted(os.sched_getaffinity(0))
 
@@ -53,7 +53,7 @@ _SCRIPT = r"""
 import json, os, sys
 import torch.distributed as dist
 import ringzero
-from ringzero.launch import launch
+from ringzero.cli.launch import launch
 
 def worker(path):
     x = __import__("torch").ones(3)

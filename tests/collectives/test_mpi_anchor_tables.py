@@ -9,7 +9,7 @@ import types
 
 import pytest
 
-from ringzero.bench import SPLIT_CACHE_NS
+from ringzero.cli.bench import SPLIT_CACHE_NS
 
 spec = importlib.util.spec_from_file_location(
     "mpi_anchor", pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "mpi_anchor.py")

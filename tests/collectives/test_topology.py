@@ -1,4 +1,4 @@
-"""The core-placement probe (_C.core_round_trip_ns, ringzero.bench.core_placement) and the staging-slot
+"""The core-placement probe (_C.core_round_trip_ns, ringzero.cli.bench.core_placement) and the staging-slot
 size chosen from what it showed (issue 24: on the 2-core VM the host moved the two vCPUs between one L3
 and two, and 1 MiB slots ran the large collectives 2x slower on two). Reference for the probe: the
 affinity set the OS reports, and a pinned single-cpu child that must say "one cpu". No timing asserts
@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from ringzero import _C
-from ringzero.bench import SPLIT_CACHE_NS, core_placement
+from ringzero.cli.bench import SPLIT_CACHE_NS, core_placement
 from ringzero.comm.config import Config
 
 CPUS = sorted(os.sched_getaffinity(0))
@@ -41,7 +41,7 @@ def test_bad_cpus_name_the_argument(a, b, says):
 
 def test_a_cpu_outside_the_affinity_set_is_refused_and_one_cpu_says_so():
     # A child pinned to one cpu: its other cpus are no longer allowed, and the placement is "one cpu".
-    code = ("import os, ringzero\nfrom ringzero import _C\nfrom ringzero.bench import core_placement\n"
+    code = ("import os, ringzero\nfrom ringzero import _C\nfrom ringzero.cli.bench import core_placement\n"
             f"os.sched_setaffinity(0, {{{CPUS[0]}}})\nprint(core_placement())\n"
             "try:\n    _C.core_round_trip_ns(%d, %d)\nexcept ValueError as e:\n    print('refused', e)\n"
             % (CPUS[0], CPUS[-1] if len(CPUS) > 1 else CPUS[0] + 1))
@@ -73,7 +73,7 @@ def test_default_slot_fits_a_one_mib_l2_with_both_parities_and_a_peer_slice():
     (8, float("inf"), 80.0, 1, 0.0),            # one rank talks to nobody
 ])
 def test_bench_floor_is_the_larger_bound(min_bytes, bandwidth, round_trip_ns, world, want_s):
-    from ringzero.bench import floor_s
+    from ringzero.cli.bench import floor_s
 
     assert floor_s(min_bytes, bandwidth, round_trip_ns, world) == pytest.approx(want_s, abs=0)
 
@@ -82,7 +82,7 @@ def test_bench_stream_probe_leaves_out_its_dispatch_cost():
     # One rank (a world of one, gloo): an 8-byte probe is all torch dispatch, so it must not bound the
     # bytes (the floor% of 105-119 at 8-512 bytes came from counting it as bandwidth); a 4 MiB probe
     # measures a real, finite bandwidth.
-    code = ("import torch.distributed as dist\nfrom ringzero.bench import stream_bandwidth\n"
+    code = ("import torch.distributed as dist\nfrom ringzero.cli.bench import stream_bandwidth\n"
             "dist.init_process_group('gloo', init_method='tcp://127.0.0.1:0', rank=0, world_size=1)\n"
             "print(stream_bandwidth(4, 0.02), stream_bandwidth(4 << 20, 0.05))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

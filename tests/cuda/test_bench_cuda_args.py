@@ -7,7 +7,8 @@ import argparse
 import pytest
 import torch
 
-from ringzero import _C, bench, cuda_bench
+from ringzero import _C
+from ringzero.cli import bench, cuda_bench
 
 
 def args_of(**kw):
@@ -63,6 +64,7 @@ def test_rows_of_a_size():
     ("reduce_scatter", 1 << 20, 4, 3, (262143, 262143, 87381)),
     ("all_gather", 1 << 20, 2, 5, (524285, 104857, 524285)),
     ("reduce_scatter", 4, 4, 7, (7, 7, 1)),       # at least one element per rank
+    ("all_to_all", 1 << 20, 4, 3, (262143, 262143, 262143)),  # input and output: size, even blocks
 ])
 def test_shape_follows_nccl_tests(op, size, es, world, want):
     assert cuda_bench.shape(op, size, es, world) == want
@@ -75,7 +77,7 @@ def test_reference_equals_torch_on_the_cpu(op, world, dtype):
     """The #wrong column's reference against the collective's definition in float64, exactly: the
     inputs are integers in [-3, 3] with no zeros, and every sum over 8 ranks is exact in every dtype."""
     per = 13
-    n_in = per * world if op == "reduce_scatter" else per
+    n_in = per * world if op in ("reduce_scatter", "all_to_all") else per
     inputs = [cuda_bench.pattern(r, n_in, dtype, "cpu") for r in range(world)]
     for x in inputs:
         assert x.dtype == dtype and bool(((x.abs() >= 1) & (x.abs() <= 3)).all())
@@ -87,6 +89,8 @@ def test_reference_equals_torch_on_the_cpu(op, world, dtype):
             ref = total
         elif op == "reduce_scatter":
             ref = total[rank * per:(rank + 1) * per]
+        elif op == "all_to_all":  # block `rank` of every rank's input, by the definition
+            ref = torch.cat([x.double()[rank * per:(rank + 1) * per] for x in inputs])
         else:
             ref = torch.cat([x.double() for x in inputs])
         assert want.dtype == dtype and torch.equal(want.double(), ref), (op, world, dtype, rank)

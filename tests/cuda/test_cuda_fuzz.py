@@ -10,8 +10,6 @@ The seed is printed (pytest -s, or in the failure message); RINGZERO_FUZZ_SEED r
 without CUDA (a skip is not a pass: benchmarks/gpu_check.sh runs it on a GPU). The C++ twin without
 torch is tests/cpp/test_cuda_fuzz.cu (ctest).
 """
-import os
-import random
 
 import pytest
 import torch
@@ -19,15 +17,12 @@ import torch
 import ringzero
 from ringzero.comm import cuda as rz_cuda
 
-from cuda_fuzz_cases import AG, AR, DTYPES, OPS, RING_STEPS, RS, fuzz_seed, inputs, random_count
+from cuda_fuzz_cases import AG, AR, DTYPES, OPS, RING_STEPS, RS, fuzz_seed, fuzz_start, inputs, random_count
 from cuda_util import check, gpu, reference, run_script
 
 @gpu
 def test_fuzz_simulated_ranks():
-    seed, cases = fuzz_seed(), int(os.environ.get("RINGZERO_FUZZ_CASES", "300"))
-    print(f"test_fuzz_simulated_ranks: RINGZERO_FUZZ_SEED={seed} RINGZERO_FUZZ_CASES={cases}")
-    rng = random.Random(seed)
-    gen = torch.Generator().manual_seed(seed)
+    seed, cases, rng, gen = fuzz_start("test_fuzz_simulated_ranks", 300)
     done = 0
     while done < cases:
         world = rng.randint(2, 8)

@@ -15,7 +15,7 @@ import json
 import pytest
 import torch
 
-from ringzero import train
+from ringzero.cli import train
 from reference import saved_bytes
 
 try:

@@ -22,6 +22,14 @@ def fuzz_seed() -> int:
     return int(os.environ.get("RINGZERO_FUZZ_SEED", time.time_ns() % 2**32))
 
 
+def fuzz_start(test: str, default_cases: int):
+    """A fuzz test's seed (printed with the case count, so a failure can be repeated), its case count
+    (RINGZERO_FUZZ_CASES), and the two generators drawn from the seed: (seed, cases, rng, gen)."""
+    seed, cases = fuzz_seed(), int(os.environ.get("RINGZERO_FUZZ_CASES", str(default_cases)))
+    print(f"{test}: RINGZERO_FUZZ_SEED={seed} RINGZERO_FUZZ_CASES={cases}")
+    return seed, cases, random.Random(seed), torch.Generator().manual_seed(seed)
+
+
 def inputs(gen: torch.Generator, world: int, n: int, dtype, op) -> list[torch.Tensor]:
     """Per rank: small nonzero integers, in {-2, -1, 1, 2} for products (exact in 16 bits for 8 ranks)."""
     values = torch.tensor([-2, -1, 1, 2] if op == ringzero.ReduceOp.PRODUCT else [-3, -2, -1, 1, 2, 3])

@@ -16,7 +16,7 @@ def one_process_moe_losses(argv: list[str], slices: int) -> tuple[list[float], l
     hold). No process group: it runs in the calling process."""
     import torch
 
-    from ringzero import train
+    from ringzero.cli import train
     from ringzero.data import batch, stdlib_corpus
     from ringzero.models import lm_loss
     from ringzero.trainer.models import model_family

@@ -85,7 +85,7 @@ def ringzero_imports(path: pathlib.Path):
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_name_imported_from_ringzero_exists(path):
-    """`from ringzero.launch import run_as_user_script` in a benchmark, with the function gone: a NameError
+    """`from ringzero.cli.launch import run_as_user_script` in a benchmark, with the function gone: a NameError
     only when the benchmark runs (an edit of launch.py once dropped it and CI, which runs no benchmark, passed).
     Reference: the modules themselves, imported (a name or a submodule of that name)."""
     import importlib

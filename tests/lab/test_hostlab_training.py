@@ -36,7 +36,7 @@ PARAM_ATOL = 1e-4
 
 
 def train_argv(strategy, ckpt):
-    return ["-m", "ringzero.train", "--strategy", strategy, *ARGS, "--checkpoint-dir", str(ckpt), "--resume",
+    return ["-m", "ringzero.cli.train", "--strategy", strategy, *ARGS, "--checkpoint-dir", str(ckpt), "--resume",
             "--out", f"{ckpt}-out"]
 
 
@@ -106,7 +106,7 @@ def zeropp_bytes(lab, zeropp, steps, model, gate_dir):
     gates = (2, steps)
     os.makedirs(gate_dir, exist_ok=True)
     env = {"RINGZERO_TIMEOUT_S": "60", "RINGZERO_STEP_GATE": f"steps={gates[0]},{gates[1]}:dir={gate_dir}"}
-    procs = lab.start([2, 2], ["-m", "ringzero.train", *how, "--batch", "4", *model, "--val-every", "0",
+    procs = lab.start([2, 2], ["-m", "ringzero.cli.train", *how, "--batch", "4", *model, "--val-every", "0",
                                "--no-progress", "--steps", str(steps + 1)], env)
     sent = []
     try:

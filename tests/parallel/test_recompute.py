@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from harness import run_ranks
-from ringzero import train
+from ringzero.cli import train
 from ringzero.models import GPT, Block, GPTConfig, lm_loss
 from train_cases import TINY
 

@@ -9,7 +9,7 @@ import pytest
 matplotlib = pytest.importorskip("matplotlib")
 matplotlib.use("Agg")
 
-from ringzero.compare_plot import draw_compare  # noqa: E402
+from ringzero.cli.compare_plot import draw_compare  # noqa: E402
 
 NINE = ["ddp", "torch-ddp", "zero1", "zero2", "zero3", "torch-fsdp2", "pp", "tp", "tp+zero1"]  # the README's
 TWELVE = NINE + ["torch-pp", "torch-tp", "3d"]

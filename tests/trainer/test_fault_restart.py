@@ -17,7 +17,7 @@ ARGS = ["--strategy", "zero2", "--steps", "12", "--save-every", "4", "--val-ever
 def torchrun(tmp, name, restarts, env_extra):
     ckpt, out = tmp / f"{name}-ckpt", tmp / f"{name}-out"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "--max-restarts", str(restarts), "--monitor-interval", "0.5", "-m", "ringzero.train", *ARGS,
+           "--max-restarts", str(restarts), "--monitor-interval", "0.5", "-m", "ringzero.cli.train", *ARGS,
            "--checkpoint-dir", str(ckpt), "--resume", "--out", str(out)]
     env = {**os.environ, "RINGZERO_TIMEOUT_S": "60", **env_extra}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 import ringzero
-from ringzero.launch import launch
+from ringzero.cli.launch import launch
 
 
 def _report(path):
@@ -72,7 +72,7 @@ def test_a_rank_that_raises_fails_the_launch_with_its_error(tmp_path):
 
 _RESTART_SCRIPT = r"""
 import json, os, sys
-import ringzero.launch as launcher
+import ringzero.cli.launch as launcher
 
 def ppid(path):
     with open(f"{path}.{os.environ['RANK']}", "w") as f:

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from ringzero import train
+from ringzero.cli import train
 from train_cases import TINY
 
 

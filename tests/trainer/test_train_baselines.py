@@ -5,14 +5,14 @@ seed, batches, warm-up and clip. torch-pp (torch.distributed.pipelining), torch-
 without sequence parallelism) and deepspeed-zero1/2/3 are independent implementations whose only
 differences are summation order and torch.optim.AdamW against ringzero's FusedAdamW, so every step's
 loss agrees with the reference to 2e-3 relative. Also: the table's "vs" column and the PNG's bar order
-pair each ringzero row with its like-for-like row (baselines.LIKE_FOR_LIKE). The deepspeed rows are
+pair each ringzero row with its like-for-like row (registry.LIKE_FOR_LIKE). The deepspeed rows are
 skipped, with the reason, where deepspeed is not installed.
 """
 import json
 
 import pytest
 
-from ringzero import train
+from ringzero.cli import train
 from ringzero.trainer.report import bar_order, ratios, table
 from train_cases import TINY
 

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from ringzero import train
+from ringzero.cli import train
 from train_cases import TINY
 
 

@@ -12,7 +12,7 @@
 import pytest
 import torch
 
-from ringzero import train
+from ringzero.cli import train
 from ringzero.trainer import device, ratios, table
 from ringzero.trainer.layout import check_run
 
@@ -58,11 +58,11 @@ def test_precision():
 
 @pytest.fixture
 def no_spawn(monkeypatch):
-    import ringzero.launch
+    import ringzero.cli.launch
 
     def fail(*args, **kwargs):
         raise AssertionError("a rank was spawned")
-    monkeypatch.setattr(ringzero.launch, "launch", fail)
+    monkeypatch.setattr(ringzero.cli.launch, "launch", fail)
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from harness import run_ranks
-from ringzero import train
+from ringzero.cli import train
 
 try:
     import transformers  # noqa: F401

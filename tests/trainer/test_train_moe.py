@@ -17,7 +17,7 @@ import json
 
 import pytest
 
-from ringzero import train
+from ringzero.cli import train
 from train_cases import TINY, one_process_moe_losses
 
 STEP_TOL = 5e-6

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from harness import run_ranks
-from ringzero import train
+from ringzero.cli import train
 from train_cases import TINY
 
 TP_TINY = [*TINY, "--heads", "4", "--clip", "0.05", "--val-every", "0"]
@@ -141,12 +141,12 @@ def test_checkpoint_saved_at_tp2_resumes_at_tp1_tp4_and_as_ddp(tmp_path):
 
 
 def test_bad_tensor_parallel_layouts_fail_before_spawning(capsys, monkeypatch):
-    import ringzero.launch
+    import ringzero.cli.launch
 
     def no_spawn(*a, **k):
         raise AssertionError("a rank was spawned for a layout that cannot work")
 
-    monkeypatch.setattr(ringzero.launch, "launch", no_spawn)
+    monkeypatch.setattr(ringzero.cli.launch, "launch", no_spawn)
     cases = [(["--strategy", "tp", "--nproc", "4", "--tp", "3"], "--tp 3 must divide --nproc 4"),
              (["--strategy", "ddp", "--nproc", "2", "--tp", "2"], "--tp 2 needs a tensor-parallel strategy"),
              (["--strategy", "3d", "--nproc", "4", "--tp", "2", "--pp", "4", "--layers", "4"],

@@ -46,10 +46,12 @@ def _comm(group, op: str):
     return comm
 
 
-def _check_tensor(t, arg: str, op: str, cuda_kernel: bool = False):
-    """cuda_kernel: the op has CUDA kernels (all_reduce, reduce-scatter, all-gather), which take fewer dtypes."""
+def _check_tensor(t, arg: str, op: str, cuda_kernel: bool = False) -> bool:
+    """Raises for a tensor no collective takes; returns whether it is a CUDA tensor (the one device check
+    of a call). cuda_kernel: the op has CUDA kernels (all_reduce, reduce-scatter, all-gather), which take
+    fewer dtypes."""
     if type(t) is torch.Tensor and t.dtype in _SUPPORTED and t.is_cpu and t.is_contiguous():
-        return  # the common case, checked cheaply
+        return False  # the common case, checked cheaply
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"ringzero.{op}: {arg} must be a torch.Tensor, got {type(t).__name__}")
     if t.dtype not in _SUPPORTED:
@@ -67,12 +69,14 @@ def _check_tensor(t, arg: str, op: str, cuda_kernel: bool = False):
         )
     if not t.is_contiguous():
         raise ValueError(f"ringzero.{op}: {arg} must be contiguous; pass {arg}.contiguous()")
+    return t.device.type == "cuda"
 
 
 def _check_pair(out, out_arg: str, inp, inp_arg: str, op: str):
     """Both tensors valid, of one dtype and on one device."""
-    _check_tensor(out, out_arg, op, cuda_kernel=op != "all_gather_v")
-    _check_tensor(inp, inp_arg, op, cuda_kernel=op != "all_gather_v")
+    moves_bytes = op in ("all_gather_v", "all_to_all_single", "all_to_all")  # any dtype: no reduction on CUDA
+    _check_tensor(out, out_arg, op, cuda_kernel=not moves_bytes)
+    _check_tensor(inp, inp_arg, op, cuda_kernel=not moves_bytes)
     if inp.dtype != out.dtype:
         raise TypeError(f"ringzero.{op}: {out_arg} dtype {out.dtype} differs from {inp_arg} dtype {inp.dtype}")
     if out.device != inp.device:
@@ -103,11 +107,14 @@ def all_reduce(tensor: torch.Tensor, op=ReduceOp.SUM, group=None, async_op: bool
     if comm is not None and not async_op and comm.run_direct(group, comm.shm_all_reduce_, tensor, op, comm.algo):
         return None
     op_ = op if type(op) is ReduceOp else to_reduce_op(op)
-    _check_tensor(tensor, "tensor", "all_reduce", cuda_kernel=True)
+    on_cuda = _check_tensor(tensor, "tensor", "all_reduce", cuda_kernel=True)
     comm = _comm(group, "all_reduce")
     if comm is None:
         return None
-    return comm.run(lambda: comm.all_reduce(tensor, op_), async_op, tensor, "all_reduce", tensor)
+    # The device is checked once, above; the call goes straight to that device's transport (DDP's path).
+    if on_cuda:
+        return comm.run_cuda(lambda transport: transport.all_reduce(tensor, op_), async_op, tensor, "all_reduce")
+    return comm.run_cpu(lambda: comm.transport.all_reduce(tensor, op_), async_op, tensor, "all_reduce", tensor)
 
 
 def reduce_scatter_single(output: torch.Tensor, input: torch.Tensor, op=ReduceOp.SUM, group=None,
@@ -245,8 +252,9 @@ def all_to_all_single(output: torch.Tensor, input: torch.Tensor, output_split_si
     (input_split_sizes rows each, None: equal blocks), block p goes to group rank p; output receives, in rank
     order, every rank's block for this rank (output_split_sizes rows from each). Rank q's
     input_split_sizes[p] must equal rank p's output_split_sizes[q]: otherwise every rank raises
-    CollectiveMismatch naming the pair. CPU tensors of one dtype, rows of one shape; output must not overlap
-    input. Every rank of the group calls it."""
+    CollectiveMismatch naming the pair. CPU or CUDA tensors of one dtype and device, rows of one shape; output
+    must not overlap input. CUDA tensors: the all-to-all kernel over CUDA IPC on one host, a host copy
+    across hosts (comm/cuda.py). Every rank of the group calls it."""
     comm = FAST.get(id(group))  # the fast path: [Note: the api's fast path] (communicator.py)
     if comm is not None and not async_op and comm.run_direct(
             group, comm.shm_all_to_all, input, output,
@@ -254,7 +262,6 @@ def all_to_all_single(output: torch.Tensor, input: torch.Tensor, output_split_si
         return None
     op = "all_to_all_single"
     _check_pair(output, "output", input, "input", op)
-    _check_cpu(input, "input", op)
     comm = _comm(group, op)
     if comm is None:
         return None
@@ -273,7 +280,8 @@ def all_to_all_single(output: torch.Tensor, input: torch.Tensor, output_split_si
 def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op: bool = False):
     """torch.distributed.all_to_all: input_tensor_list[p] goes to group rank p, output_tensor_list[q] receives
     rank q's tensor for this rank (sizes may differ per pair; rank q's input_tensor_list[p] must have as many
-    elements as rank p's output_tensor_list[q]). CPU tensors of one dtype."""
+    elements as rank p's output_tensor_list[q]). CPU or CUDA tensors of one dtype and device, as
+    all_to_all_single."""
     op = "all_to_all"
     comm = _comm(group, op)
     if comm is None:
@@ -286,16 +294,17 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op: bool
     for i, (o, t) in enumerate(zip(outs, ins)):
         _check_pair(o, f"output_tensor_list[{i}]", t, f"input_tensor_list[{i}]", op)
         _check_pair(t, f"input_tensor_list[{i}]", ins[0], "input_tensor_list[0]", op)
-        _check_cpu(t, f"input_tensor_list[{i}]", op)
     send, recv = [t.numel() for t in ins], [o.numel() for o in outs]
 
     def body():
         flat_in = torch.cat([t.reshape(-1) for t in ins])
-        flat_out = torch.empty(sum(recv), dtype=ins[0].dtype)
+        flat_out = torch.empty(sum(recv), dtype=ins[0].dtype, device=ins[0].device)
         comm.all_to_all(flat_out, flat_in, send, recv)
         for o, piece in zip(outs, flat_out.split(recv)):
             o.copy_(piece.view(o.shape))
 
+    if ins[0].is_cuda:  # run() takes the CUDA path by its result tensor's device; every tensor is kept for the stream
+        return comm.run(body, async_op, outs[0], "all_to_all", ins[0], inputs=(*ins, *outs[1:]))
     return comm.run(body, async_op, None, "all_to_all", ins[0])
 
 

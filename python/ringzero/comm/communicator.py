@@ -16,7 +16,6 @@ from __future__ import annotations
 import atexit
 import concurrent.futures
 import threading
-import time
 
 import torch
 import torch.distributed as dist
@@ -162,21 +161,32 @@ class Communicator:
         return self._cuda
 
     def run(self, fn, async_op: bool, result=None, op: str = "collective", tensor=None, inputs=()):
-        """Runs fn in call order: inline when nothing is pending, else behind the pending calls.
-        Each call is logged in the flight recorder; a timeout or mismatch dumps it and names the file.
-        CUDA tensors: fn is enqueued on the communicator's stream instead (comm/cuda.py)."""
-        self.seq += 1
+        """Runs fn() by result's device: run_cuda when it is a CUDA tensor, else run_cpu. A caller that
+        has already checked the device calls the one it needs."""
         if result is not None and result.is_cuda:
-            return self.cuda_path(result, op).launch(fn, async_op, (result, *inputs), result,
-                                                     f"{op} (sequence number {self.seq})")
+            return self.run_cuda(lambda _: fn(), async_op, result, op, inputs)
+        return self.run_cpu(fn, async_op, result, op, tensor)
+
+    def run_cuda(self, fn, async_op: bool, result, op: str = "collective", inputs=()):
+        """Enqueues fn(the CUDA transport) on the communicator's stream (comm/cuda.py); result and inputs
+        are the call's CUDA tensors."""
+        self.seq += 1
+        path = self.cuda_path(result, op)
+        return path.launch(lambda: fn(path.transport), async_op, (result, *inputs), result,
+                           f"{op} (sequence number {self.seq})")
+
+    def run_cpu(self, fn, async_op: bool, result=None, op: str = "collective", tensor=None):
+        """Runs fn() in call order: inline when nothing is pending, else behind the pending calls.
+        Each call is logged in the flight recorder; a timeout or mismatch dumps it and names the file."""
+        self.seq += 1
         entry = self.flight.start(self.seq, op, tensor)
         if not async_op:
             if self._pending == 0:  # read under the GIL; only the calling thread submits
                 self._logged(fn, entry)
                 return None
-            self._submit(lambda: self._logged(fn, entry, queued=True)).result()
+            self._submit(lambda: self._logged(fn, entry)).result()
             return None
-        return Work(self._submit(lambda: self._logged(fn, entry, queued=True)), result)
+        return Work(self._submit(lambda: self._logged(fn, entry)), result)
 
     def seconds(self) -> float:
         """Seconds spent inside this group's collectives: run()'s calls, timed here, plus the fast
@@ -185,13 +195,13 @@ class Communicator:
         shm = self.shm
         return self.busy_s + (shm.busy_s - self._shm_in_run_s if shm is not None else 0.0)
 
-    def _logged(self, fn, entry, queued: bool = False):
+    def _logged(self, fn, entry):
         # Calls execute one at a time (inline or on the worker), so this is the running call's number,
-        # which with async_op can lag self.seq (the number of calls submitted). The busy time counts
-        # from the entry's start: a queued call's start moves to when it begins to run.
+        # which with async_op can lag self.seq (the number of calls submitted). The clock is read once
+        # at the start and once at the end: the entry's start is when the call begins to run (a queued
+        # call's, on the worker), and its duration is also the busy time.
         self._running.seq = entry[0]
-        if queued:
-            entry[4] = time.perf_counter()
+        self.flight.began(entry)
         shm = self.shm
         shm_before = shm.busy_s if shm is not None else 0.0
         try:
@@ -275,8 +285,8 @@ class Communicator:
         self.transport.barrier()
 
     def all_to_all(self, out: torch.Tensor, inp: torch.Tensor, send_counts: list[int], recv_counts: list[int]):
-        """out (flat) gets block `rank` of every rank's inp in rank order; counts in elements (CPU tensors)."""
-        self.transport.all_to_all(out, inp, send_counts, recv_counts)
+        """out (flat) gets block `rank` of every rank's inp in rank order; counts in elements."""
+        (self._cuda.transport if out.is_cuda else self.transport).all_to_all(out, inp, send_counts, recv_counts)
 
     def gather(self, out: torch.Tensor, inp: torch.Tensor, root: int):
         """Group rank `root`'s out gets every rank's inp in rank order (CPU tensors)."""

@@ -29,10 +29,9 @@ class Config:
     the Communicator waits DEFAULT_TIMEOUT_S and the c10d backend the group's own timeout: timeout_or)."""
     shm_buffer_bytes: int = 256 << 10
     """RINGZERO_SHM_BUFFER_BYTES: staging slot per rank of the shared-memory segment (two per rank).
-    256 KiB: a rank's two slots and the peer slice it reads stay in a 1 MiB L2. On the 2-core VM
-    (2026-11-25, medians of 3-10 jobs) 1 MiB slots ran 16/64 MiB all-reduce in 2.9/12.5 ms when the host
-    had the two vCPUs on separate L3s against 1.3/6.9 ms with 256 KiB (and 1.2/6.1 against 1.0/5.5 ms on
-    one L3); 64 KiB and 128 KiB were slower on both, 512 KiB about the same as 256 KiB."""
+    256 KiB: a rank's two slots and the peer slice it reads stay in a 1 MiB L2; 1 MiB slots were up to
+    twice as slow on the 16 and 64 MiB all-reduce, 64 KiB and 128 KiB slower, 512 KiB about the same
+    (benchmarks/RESULTS.md, "Measurements moved out of code comments")."""
     ring_slice_bytes: int = 1 << 20
     """RINGZERO_RING_SLICE_BYTES: pipelining grain of the point-to-point rings between hosts (gloo and NCCL)."""
     allreduce_algo: str = "auto"

@@ -21,8 +21,8 @@ context stays usable). The host raises ringzero.CommTimeout naming the rank that
     a host wait. Until then the output of the timed-out call holds partial values.
 A communicator whose kernel timed out refuses every later call (its flags no longer agree).
 
-Ran on a GPU once (an H100, 2026-11-22: shared/evidence, before the issue-15 fix); the timeout path
-and the fuzz have been compiled only, not run on a GPU yet.
+Ran on a GPU once, an H100 before the issue-15 fix (docs/cuda.md); the timeout path and the fuzz
+have been compiled only, not run on a GPU yet.
 """
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ import torch.distributed as dist
 from .. import _C
 from .config import from_env
 from .errors import CommError, CommTimeout
+from .exchange import checked_count_matrix
 from .hierarchical import all_reduce_hierarchical
 from .transports import HIERARCHICAL, ONE_HOST, RING, SOLO, Solo, layout
 from .types import ReduceOp
@@ -288,8 +289,8 @@ def _through_host(fn, out: torch.Tensor, *inputs: torch.Tensor):
 
 
 class _CudaTransport:
-    """What the CUDA transports share: broadcast, reduce and all_gather_v have no CUDA kernels, so they
-    run on host copies through the group's CPU transport (`host`)."""
+    """What the CUDA transports share: broadcast, reduce and all_gather_v have no CUDA kernels (nor has the
+    all-to-all across hosts), so they run on host copies through the group's CPU transport (`host`)."""
 
     def __init__(self, host):
         self.host = host
@@ -305,6 +306,9 @@ class _CudaTransport:
 
     def reduce(self, x: torch.Tensor, root: int, op: ReduceOp):
         _through_host(lambda h: self.host.reduce(h, root, op), x)
+
+    def all_to_all(self, out: torch.Tensor, inp: torch.Tensor, send_counts: list[int], recv_counts: list[int]):
+        _through_host(lambda o, i: self.host.all_to_all(o, i, send_counts, recv_counts), out, inp)
 
 
 class CudaPeers(_CudaTransport):
@@ -322,6 +326,17 @@ class CudaPeers(_CudaTransport):
 
     def all_gather_even(self, out: torch.Tensor, inp: torch.Tensor):
         self.peer.run(ALL_GATHER, inp, out, int(ReduceOp.SUM), 0)
+
+    def all_to_all(self, out: torch.Tensor, inp: torch.Tensor, send_counts: list[int], recv_counts: list[int]):
+        """The all-to-all kernel over CUDA IPC (csrc/cuda/alltoall.cu). The kernel places each block by its
+        sender's count and has no way to report a disagreement, so the counts meet first on the host (one
+        small all-gather through shared memory): ranks whose split sizes disagree all raise
+        CollectiveMismatch, naming the pair, before any kernel runs. The send counts then go to the device
+        on the current (the communicator's) stream, where the kernel reads them."""
+        checked_count_matrix(lambda mine, table: self.host.all_gather(table, mine), len(send_counts),
+                             "all_to_all", send_counts, recv_counts, self.host.shm.rank)
+        counts = torch.tensor(send_counts, dtype=torch.int64).to(inp.device, non_blocking=True)
+        self.peer.all_to_all(inp, out, counts)
 
 
 class CudaRing(_CudaTransport):

@@ -33,16 +33,22 @@ def count_matrix(ring, send_counts: list[int], recv_counts: list[int], rank: int
     all-gather over the flat `ring` (members in group-rank order) of every rank's send and receive counts.
     Every rank checks the whole matrix, so all raise the same CollectiveMismatch where two ranks' split
     sizes disagree (the counterpart of [Note: the all-to-all's count table], csrc/core/shm_alltoall.cpp)."""
-    n = ring.n
+    return checked_count_matrix(ring.all_gather, ring.n, ring._label, send_counts, recv_counts, rank)
+
+
+def checked_count_matrix(all_gather, n: int, label: str, send_counts: list[int], recv_counts: list[int],
+                         rank: int) -> list[list[int]]:
+    """count_matrix over any all-gather: all_gather(mine, table) fills the int64 CPU tensor `table` with
+    every rank's `mine` in group-rank order (every rank of the group calls it)."""
     mine = torch.tensor(list(send_counts) + list(recv_counts), dtype=torch.int64)
     table = torch.empty(n * 2 * n, dtype=torch.int64)
-    ring.all_gather(mine, table)
+    all_gather(mine, table)
     rows = table.view(n, 2 * n).tolist()
     for q in range(n):
         for p in range(n):
             if rows[q][p] != rows[p][n + q]:
                 raise CollectiveMismatch(
-                    f"ringzero {ring._label} on group rank {rank}: the ranks' split sizes disagree: group rank {q} "
+                    f"ringzero {label} on group rank {rank}: the ranks' split sizes disagree: group rank {q} "
                     f"sends {rows[q][p]} elements to group rank {p}, which expects {rows[p][n + q]} from it (rank q's "
                     "input_split_sizes[p] must equal rank p's output_split_sizes[q])")
     return [row[:n] for row in rows]
@@ -114,4 +120,4 @@ def all_to_all_direct_across(ring, shm, hosts: list[list[int]], out: torch.Tenso
         raise
 
 
-__all__ = ["all_to_all_direct_across", "all_to_all_flat", "count_matrix", "gather_flat", "scatter_flat"]
+__all__ = ["all_to_all_direct_across", "all_to_all_flat", "checked_count_matrix", "count_matrix", "gather_flat", "scatter_flat"]

@@ -39,15 +39,20 @@ class FlightRecorder:
         _install_signal_handler()
 
     def start(self, seq: int, op: str, tensor) -> list:
-        """Records the start of a collective (cheap: on the path of every call). The entry is
-        [seq, op, dtype, numel, start perf_counter, seconds or None, status]."""
-        entry = [seq, op, None, 0, 0.0, None, "running"]
+        """Records a collective when it is called (cheap: on the path of every call). The entry is
+        [seq, op, dtype, numel, start perf_counter, seconds or None, status]; its start stays None until
+        the call begins to run (began), which for an async call is later, on the communicator's worker."""
+        entry = [seq, op, None, 0, None, None, "running"]
         if tensor is not None:
             entry[2] = tensor.dtype
             entry[3] = tensor.numel()
-        entry[4] = time.perf_counter()
         self.entries.append(entry)
         return entry
+
+    @staticmethod
+    def began(entry: list) -> None:
+        """Marks the entry's call as running: the one clock read of its start."""
+        entry[4] = time.perf_counter()
 
     @staticmethod
     def end(entry: list, status: str = "ok") -> float:
@@ -75,7 +80,8 @@ class FlightRecorder:
             lines.append(f"{'seq':>6}  {'op':<22} {'dtype':<9} {'numel':>12}  {'start':<15} {'ms':>10}  status")
             for seq, op, dtype, numel, t0, dt, status in entries:
                 dtype = str(dtype).replace("torch.", "") if dtype is not None else "-"
-                start = datetime.datetime.fromtimestamp(t0 + self.wall_minus_perf).strftime("%H:%M:%S.%f")
+                start = ("queued" if t0 is None else
+                         datetime.datetime.fromtimestamp(t0 + self.wall_minus_perf).strftime("%H:%M:%S.%f"))
                 ms = f"{dt * 1e3:.3f}" if dt is not None else "-"
                 lines.append(f"{seq:>6}  {op:<22} {dtype:<9} {numel:>12}  {start:<15} {ms:>10}  {status}")
         path = self.path()

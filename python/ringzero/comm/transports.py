@@ -445,11 +445,11 @@ def pick_transport(topo, rank: int, world: int, shm, algo: int, make_ring, runni
 # they overlap it and only one segment's pair stays exposed. At 4 MiB, two 2 MiB segments took the
 # collectives at 1 Gbit/s from 64-86% of the link bound to 97-114%; aiming at 4 segments instead of 2 cost
 # 20-35% at 8 MiB and 10 Gbit/s, where the cores, not the link, set the time and each segment costs a
-# hand-off (benchmarks/RESULTS.md, issue 36). First and last segments of 1 MiB (2026-11-28, for DDP's
+# hand-off (benchmarks/RESULTS.md, issue 36). First and last segments of 1 MiB (for DDP's
 # exposed all-reduce) saved about 1% at 1 Gbit/s and cost up to 25% at 10 Gbit/s: not kept (RESULTS.md,
 # the swap-in backend across hosts). All of these were measured with the lab's 1 MiB tbf bucket of the
-# time, which hid up to 8 ms of each pause of the link; on the strict link (2026-12-02) the 16 MiB
-# collectives run at 90-91% of the bound, the exposed first and last in-host steps included.
+# time, which hid up to 8 ms of each pause of the link; on the strict link (benchmarks/RESULTS.md) the
+# 16 MiB collectives run at 90-91% of the bound, the exposed first and last in-host steps included.
 PIPELINE_SEGMENT_BYTES = 4 << 20
 PIPELINE_MIN_SEGMENTS = 2
 PIPELINE_SMALLEST_SEGMENT_BYTES = 1 << 20

@@ -12,9 +12,9 @@ batches, warm-up, AdamW hyperparameters and clip, written with the other library
 
 The torch rows use torch.optim.AdamW and torch's gradient-norm clip. They run on env.baseline_group
 (device.baseline_backend): gloo on CPU, NCCL on CUDA when every rank has its own GPU, the "ringzero"
-backend when ranks share one. LIKE_FOR_LIKE says which row each ringzero row's ratio is taken against.
-This module holds the torch data-parallel rows and what the other baselines*.py share; registry.py
-says which class runs which row.
+backend when ranks share one. This module holds the torch data-parallel rows and what the other
+baselines*.py share; registry.STOCK_ROWS says which class runs which row and which ringzero rows each
+one's ratio is taken for (registry.LIKE_FOR_LIKE).
 """
 from __future__ import annotations
 
@@ -27,20 +27,6 @@ from ..parallel.layout import Layout
 from .models import model_family
 from .run import BETAS, WEIGHT_DECAY, RankEnv, RunCheckpoint, compute_module
 from .strategies import DataParallelRun
-
-LIKE_FOR_LIKE = {
-    "ddp": ("torch-ddp",), "zero1": ("deepspeed-zero1", "torch-ddp"), "zero2": ("deepspeed-zero2", "torch-fsdp2"),
-    "zero3": ("torch-fsdp2", "deepspeed-zero3"), "pp": ("torch-pp", "torch-ddp"),
-    "pp+zero1": ("torch-ddp",), "pp+zero2": ("torch-fsdp2",),
-    "tp": ("torch-tp", "torch-ddp"), "tp+zero1": ("torch-tp", "torch-ddp"), "3d": ("torch-ddp",),
-    "ep": ("torch-ep",), "ep+zero1": ("torch-ep",)}
-"""For each ringzero row, the stock rows its ratio may be taken against, the like-for-like one first; the
-first that ran is used (report.ratios). zero1/zero2 against DeepSpeed's same stage (else DDP, the same
-replicated weights, and FSDP2, an upper bound for ZeRO-2's memory savings); zero3 against FSDP2, whose
-sharding is ZeRO-3's; pp and tp against torch's pipelining and DTensor on the same split; ep and ep+zero1
-against torch-ep (the same experts per rank over torch's all-to-all); the runs without a stock counterpart
-(pp+zeroK, 3d) against the data-parallel row of the same sharding."""
-
 
 def device_mesh(device_type: str, group):
     """A 1-D DeviceMesh over `group` (None: the default group's world) for the torch rows."""

@@ -1,13 +1,19 @@
 """The estimator's prediction for a run, put beside the measured peak memory (the cross-check)."""
 from __future__ import annotations
 
+from ..parallel.layout import STRATEGY_FORMS, StrategyForm, form_of
 from .layout import BASELINE_LAYOUT, estimator_schedule, layout_of
 from .models import model_family
 
-ESTIMATOR_STRATEGY = {"tp": "ddp", "tp+zero1": "zero1", "3d": "pp+zero1", "ep": "ddp", "ep+zero1": "zero1"}
-"""The estimator's name for what each tensor- or expert-parallel run does across its replicas (the
-estimator puts tp > 1 and ep > 1 under any strategy: Megatron's tensor parallelism inside every replica,
-the experts sharded over ep data-parallel ranks)."""
+
+def estimator_strategy(strategy: str) -> str:
+    """The estimator's name for what a strategy does across its replicas: the one of the same pipeline and
+    ZeRO stage without tensor or expert parallelism (tp -> ddp, 3d -> pp+zero1, ep+zero1 -> zero1). The
+    estimator puts tp > 1 and ep > 1 under any strategy: Megatron's tensor parallelism inside every
+    replica, the experts sharded over ep data-parallel ranks."""
+    form = form_of(strategy)
+    plain = StrategyForm(pipeline=form.pipeline, tensor_parallel=False, zero_stage=form.zero_stage)
+    return next(name for name, f in STRATEGY_FORMS.items() if f == plain)
 
 
 def estimate_for_run(args, run: str, world: int, layers_per_stage=None) -> dict:
@@ -21,7 +27,7 @@ def estimate_for_run(args, run: str, world: int, layers_per_stage=None) -> dict:
     from ..estimate import Plan, estimate
 
     layout = layout_of(run, world, args.pp, args.tp)
-    plan = Plan(strategy=ESTIMATOR_STRATEGY.get(layout.strategy, layout.strategy), world=world, pp=layout.pp,
+    plan = Plan(strategy=estimator_strategy(layout.strategy), world=world, pp=layout.pp,
                 tp=layout.tp, sequence_parallel=bool(getattr(args, "sequence_parallel", False)) and layout.tp > 1,
                 microbatches=args.microbatches if layout.pipeline else 1,
                 schedule=estimator_schedule(args.schedule), recompute=getattr(args, "recompute", "none"),

@@ -7,16 +7,13 @@ from __future__ import annotations
 from ..models.gpt import RECOMPUTE_KINDS
 from ..parallel.layout import ALL_STRATEGIES, Layout, LayoutError, form_of
 from ..parallel.pipeline.schedules import SCHEDULES, make_plan
-from .registry import run_class
+from .registry import STOCK_ROWS, run_class
 
-BASELINES = ("torch-ddp", "torch-fsdp2", "torch-pp", "torch-tp", "torch-ep", "deepspeed-zero1", "deepspeed-zero2",
-             "deepspeed-zero3")
-"""Stock rows for --compare (trainer/baselines.py): torch DDP, FSDP2, torch.distributed.pipelining,
-DTensor tensor parallelism, expert parallelism over torch.distributed.all_to_all_single with torch DDP,
-and DeepSpeed's ZeRO stages (when deepspeed is installed)."""
+BASELINES = tuple(STOCK_ROWS)
+"""Stock rows for --compare (registry.STOCK_ROWS, trainer/baselines*.py)."""
 RUNS = ALL_STRATEGIES + BASELINES
-BASELINE_LAYOUT = {"torch-ddp": "ddp", "torch-fsdp2": "zero3", "torch-pp": "pp", "torch-tp": "tp", "torch-ep": "ep",
-                   "deepspeed-zero1": "zero1", "deepspeed-zero2": "zero2", "deepspeed-zero3": "zero3"}
+"""Every name `ringzero train` accepts: ringzero's strategies, then the stock rows."""
+BASELINE_LAYOUT = {name: row.layout for name, row in STOCK_ROWS.items()}
 """The ringzero strategy with the same memory layout: used for the estimate column and the checks."""
 SCHEDULE_NOTES = {
     "Interleaved1F1B": "needs several stages per rank; ringzero train places one stage per rank",

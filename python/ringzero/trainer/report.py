@@ -1,12 +1,12 @@
 """The comparison's outputs: the table (with each ringzero row's ratio to its like-for-like stock row,
-baselines.LIKE_FOR_LIKE, named in the "vs" column) and the PNG (loss curves, peak memory per rank
+registry.LIKE_FOR_LIKE, named in the "vs" column) and the PNG (loss curves, peak memory per rank
 measured and estimated, tokens/s). Runs with expert parallelism add an "a2a s" column (their all-to-alls,
 Run.exchange_seconds) and its ratio "a2a x"."""
 from __future__ import annotations
 
 import math
 
-from .baselines import LIKE_FOR_LIKE
+from .registry import LIKE_FOR_LIKE
 
 _COLUMNS = [("strategy", "{:<10}", "strategy"), ("train loss", "{:>10.4f}", "final_train_loss"),
             ("val loss", "{:>9.4f}", "final_val_loss"), ("tokens/s", "{:>9.0f}", "tokens_per_s"),

@@ -12,8 +12,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from .comm.affinity import bind_process, core_share
-from .heap import keep_freed_memory
+from ..comm.affinity import bind_process, core_share
+from ..heap import keep_freed_memory
 
 
 def under_torchrun() -> bool:
@@ -109,7 +109,7 @@ def _round_prefix(store, rank: int, world: int) -> str:
 def _bind(local_world: int) -> int:
     """Binds this rank to its core_share (unless RINGZERO_BIND_CORES=0) and returns how many cpus it has
     for its own compute. [Note: where the host runs the ranks' cores] in csrc/core/shm_placement.cpp."""
-    from .comm.config import from_env
+    from ..comm.config import from_env
 
     allowed = os.sched_getaffinity(0)
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -128,7 +128,7 @@ def _run(fn, args, local_world: int, device: str = "cpu"):
     torch.set_num_threads(_bind(local_world))
     backend = "gloo"
     if device != "cpu":
-        from .trainer.device import bind
+        from ..trainer.device import bind
 
         _, backend = bind(device)  # selects this rank's GPU before any CUDA work or NCCL
     _init_process_group(backend)

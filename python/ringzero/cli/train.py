@@ -24,10 +24,10 @@ import time
 import torch
 import torch.distributed as dist
 
-from .parallel.layout import ALL_STRATEGIES, is_tensor_parallel
-from .parallel.pipeline.schedules import SCHEDULES
-from .trainer.layout import BASELINES, RUNS, SCHEDULE_NOTES
-from .trainer.models import MOE_EXPERTS, MOE_TOP_K, MODELS
+from ..parallel.layout import ALL_STRATEGIES, is_tensor_parallel
+from ..parallel.pipeline.schedules import SCHEDULES
+from ..trainer.layout import BASELINES, RUNS, SCHEDULE_NOTES
+from ..trainer.models import MOE_EXPERTS, MOE_TOP_K, MODELS
 
 
 def parse_args(argv=None):
@@ -100,7 +100,7 @@ def parse_args(argv=None):
     if args.val_every < 0 or args.save_every < 0:
         p.error("--val-every and --save-every must be >= 0")
     if args.zeropp is not None:
-        from .parallel.data_parallel.zeropp import parse as parse_zeropp
+        from ..parallel.data_parallel.zeropp import parse as parse_zeropp
 
         try:
             args.zeropp = parse_zeropp(args.zeropp, "--zeropp").names()
@@ -112,9 +112,9 @@ def parse_args(argv=None):
         p.error("--save-every and --resume need --checkpoint-dir")
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA device is available")
-    from .trainer import check_recompute, check_run, check_schedule
-    from .trainer.device import precision_of
-    from .trainer.models import model_family
+    from ..trainer import check_recompute, check_run, check_schedule
+    from ..trainer.device import precision_of
+    from ..trainer.models import model_family
 
     try:  # everything a rank would refuse, refused here, before any rank is spawned
         check_schedule(args.schedule)
@@ -134,7 +134,7 @@ def parse_args(argv=None):
 
 
 def _rank_main(args, strategy: str, result_path: str):
-    from .trainer import train_rank
+    from ..trainer import train_rank
 
     summary = train_rank(args, strategy)
     if dist.get_rank() == 0:
@@ -146,7 +146,7 @@ def _device_note(args) -> str:
     """The header's device part: nothing on CPU (as before), the GPUs and precision on CUDA."""
     if args.device != "cuda":
         return ""
-    from .trainer.device import gpu_shared, precision_of
+    from ..trainer.device import gpu_shared, precision_of
 
     count = torch.cuda.device_count()
     share = f", {args.nproc} ranks sharing them (CUDA IPC)" if gpu_shared(args.nproc, count) else ""
@@ -158,7 +158,7 @@ def _model_note(args) -> str:
     if args.model == "gpt":
         return ""
     if args.model == "moe":
-        from .trainer.models import model_family
+        from ..trainer.models import model_family
 
         moe = model_family(args).moe_config
         return (f"moe ({args.layers} layers, d {args.d_model}, {args.heads} heads; {moe.experts} experts of width "
@@ -206,7 +206,7 @@ def main(argv=None):
     print()
     print(f"# ringzero train | {args.nproc} ranks | {args.steps} steps | global batch {args.batch} x {args.seq} bytes | "
           f"model {_model_note(args)}{results[0]['params'] / 1e6:.2f}M params | {results[0]['corpus']}" + _device_note(args))
-    from .trainer import table
+    from ..trainer import table
 
     print(table(results))
     notes = {r.get("estimate_note") for r in results} - {None}

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import math
 
-from .trainer.layout import BASELINES
-from .trainer.report import _MARKERS, _ratio_label, bar_order, ratios
+from ..trainer.layout import BASELINES
+from ..trainer.report import _MARKERS, _ratio_label, bar_order, ratios
 
 DPI = 110
 LABEL_FONT_PT = 8

@@ -1,7 +1,7 @@
 """Collective microbenchmark in the style of nccl-tests: ringzero against gloo in the same run.
 
-    python -m ringzero.bench --nproc 2            # or: torchrun --nproc-per-node 2 -m ringzero.bench
-    ringzero bench --device cuda --nproc 8        # CUDA tensors beside NCCL: ringzero/cuda_bench.py
+    ringzero bench --nproc 2                      # or: torchrun --nproc-per-node 2 -m ringzero bench
+    ringzero bench --device cuda --nproc 8        # CUDA tensors beside NCCL: cli/cuda_bench.py
 
 Columns: size (bytes of the whole buffer, as nccl-tests counts it: all_reduce the tensor, reduce_scatter
 the input, all_gather the output), count (elements of that buffer), time per call (the slowest rank),
@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from .launch import launch
-from .timing import time_calls
+from ..timing import time_calls
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
 DEFAULT_OPS = OPS[:3]
@@ -72,7 +72,7 @@ def stream_bandwidth(nbytes: int = 64 << 20, budget_s: float = 0.5) -> float:
     at once, one thread each (as the collectives run): the better of a copy into a second buffer and
     an in-place pass (x *= 1) over one, which writes lines it has just read and so moves no line twice
     (a copy's first write to a line also reads it, which the in-place all-reduce never pays: measured
-    with the copy alone, 16 and 64 MiB all-reduce showed floor% of 111-135 on 2026-11-25). Same working
+    with the copy alone, 16 and 64 MiB all-reduce showed floor% of 111-135: benchmarks/RESULTS.md). Same working
     set as a row of that size: from cache when it fits, else from DRAM.
 
     Each pass's time is taken net of the same op's time on one element (torch's dispatch, ~1 us here:
@@ -102,7 +102,8 @@ def floor_s(min_bytes: int, bandwidth: float, round_trip_ns: float | None, world
 
 
 # Round trips above this many ns mean the two cores do not share a last-level cache: on the 2-core VM
-# 45-75 ns with both vCPUs on one L3, 370-440 ns when the host had put them on two (2026-11-25).
+# 45-75 ns with both vCPUs on one L3, 370-440 ns when the host had put them on two (benchmarks/RESULTS.md,
+# "Where the host runs the ranks' cores").
 SPLIT_CACHE_NS = 150.0
 
 
@@ -240,7 +241,7 @@ def main(argv=None):
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     p.add_argument("--budget-s", type=float, default=0.2, help="seconds of timed calls per row and backend")
     p.add_argument("--no-gloo", action="store_true", help="skip the gloo baseline")
-    cuda = p.add_argument_group("CUDA (ringzero.cuda_bench: nccl-tests' columns, NCCL beside ringzero)")
+    cuda = p.add_argument_group("CUDA (ringzero.cli.cuda_bench: nccl-tests' columns, NCCL beside ringzero)")
     cuda.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                       help="cuda: CUDA tensors, one process per GPU (--nproc or torchrun), NCCL as the baseline")
     cuda.add_argument("--sim-ranks", type=int, default=None, metavar="N",
@@ -254,8 +255,6 @@ def main(argv=None):
     bad = [o for o in args.ops if o not in OPS]
     if bad:
         p.error(f"unknown op(s) {bad}; choose from {', '.join(OPS)}")
-    if args.device == "cuda" and "all_to_all" in args.ops:
-        p.error("--ops all_to_all runs on CPU tensors only so far (ringzero's CUDA all-to-all is not bound yet)")
     if args.factor < 2:
         p.error("--factor must be at least 2")
     if args.min_bytes < 1 or args.max_bytes < args.min_bytes:
@@ -269,7 +268,8 @@ def main(argv=None):
 
 
 def _main_cuda(p, args) -> int:
-    from . import _C, cuda_bench
+    from .. import _C
+    from . import cuda_bench
     from .launch import under_torchrun
 
     has_cuda = bool(getattr(_C, "has_cuda", False))

@@ -23,14 +23,14 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .timing import time_calls
+from ..timing import time_calls
 
-OPS = ("all_reduce", "reduce_scatter", "all_gather")
+OPS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
 ALGOS = ("auto", "oneshot", "twoshot", "ring")  # the names of _C.ALL_REDUCE_ALGOS
 CUDA_DTYPES = ("float32", "bfloat16", "float16", "int32", "int64")
 MAX_SIM_RANKS = 8  # kMaxRanks of csrc/cuda/peer_types.h
 BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n,
-              "all_gather": lambda n: (n - 1) / n}
+              "all_gather": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n}
 
 
 def argument_errors(args, has_cuda_build: bool, device_count: int, under_torchrun: bool) -> list[str]:
@@ -75,11 +75,14 @@ def sizes_of(args) -> list[int]:
 def shape(op: str, size: int, element_size: int, world: int) -> tuple[int, int, int]:
     """(count of the whole buffer, input elements, output elements) of one rank for a row of `size`
     bytes: nccl-tests' convention (all-reduce: the tensor; reduce-scatter: the input; all-gather: the
-    output), rounded down to whole elements and, for the two that split it, to a multiple of world."""
+    output; all-to-all: each of input and output, even blocks), rounded down to whole elements and, for
+    the ops that split it, to a multiple of world."""
     count = max(1, size // element_size)
     if op == "all_reduce":
         return count, count, count
     per = max(1, count // world)
+    if op == "all_to_all":
+        return per * world, per * world, per * world
     return per * world, (per * world if op == "reduce_scatter" else per), (per if op == "reduce_scatter" else per * world)
 
 
@@ -95,6 +98,9 @@ def expected(op: str, rank: int, world: int, n_in: int, dtype: torch.dtype, devi
     """What `rank` must hold after the collective on pattern() inputs of n_in elements per rank."""
     if op == "all_gather":
         return torch.cat([pattern(r, n_in, dtype, device) for r in range(world)])
+    if op == "all_to_all":  # block `rank` of every rank's input, in rank order
+        per = n_in // world
+        return torch.cat([pattern(r, n_in, dtype, device)[rank * per:(rank + 1) * per] for r in range(world)])
     total = sum(pattern(r, n_in, torch.int64, device) for r in range(world)).to(dtype)
     if op == "reduce_scatter":
         per = n_in // world
@@ -119,13 +125,13 @@ def _timed(call, sync, max_over_ranks, budget_s: float) -> float:
     return time_calls(call, sync, max_over_ranks, budget_s, settle=torch.cuda.synchronize, most=10_000)
 
 
-# ---- one process per GPU (spawned by ringzero.launch, or under torchrun) ---------------------------
+# ---- one process per GPU (spawned by ringzero.cli.launch, or under torchrun) ---------------------------
 
 def _group_per_algo(algos, world: int) -> dict:
     """A process group per forced algorithm: a communicator reads RINGZERO_ALLREDUCE_ALGO when it is
     made, at the group's first collective, which runs here inside config.settings."""
     import ringzero
-    from .comm.config import settings
+    from ..comm.config import settings
 
     groups = {}
     for algo in algos:
@@ -145,12 +151,16 @@ def _call(op: str, impl: str, groups, inp: torch.Tensor, out: torch.Tensor):
             return lambda: dist.all_reduce(inp)
         if op == "reduce_scatter":
             return lambda: torch_compat.reduce_scatter_single(out, inp)
+        if op == "all_to_all":
+            return lambda: dist.all_to_all_single(out, inp)
         return lambda: torch_compat.all_gather_single(out, inp)
     g = groups[impl]
     if op == "all_reduce":
         return lambda: ringzero.all_reduce(inp, group=g)
     if op == "reduce_scatter":
         return lambda: ringzero.reduce_scatter_single(out, inp, group=g)
+    if op == "all_to_all":
+        return lambda: ringzero.all_to_all_single(out, inp, group=g)
     return lambda: ringzero.all_gather_single(out, inp, group=g)
 
 
@@ -165,7 +175,7 @@ def _nccl_version() -> str:
 def run(args) -> None:
     """One rank of `ringzero bench --device cuda`: the process group is up and this rank's GPU chosen."""
     import ringzero
-    from .trainer.device import machine
+    from ..trainer.device import machine
 
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device("cuda", torch.cuda.current_device())
@@ -197,10 +207,11 @@ def run(args) -> None:
         if m["shared"]:
             print("# ranks share a GPU: it runs one process's kernels at a time (time slices of a few ms, unless "
                   "MPS runs), and a kernel waiting for its peer holds the GPU until the slice ends, so these times "
-                  "measure the sharing, not the algorithm (2.3 ms per wait on an H200, 2026-11-28); #wrong still "
+                  "measure the sharing, not the algorithm (2.3 ms per wait on an H200: benchmarks/RESULTS.md); #wrong still "
                   "checks every result")
         print("# time: us per call, slowest rank; algbw, busbw: GB/s; #wrong: elements differing from torch's "
-              "int64 sum of every rank's inputs; vs nccl: NCCL time / time")
+              "int64 sum of every rank's inputs (all-gather, all-to-all: from the blocks they must receive); "
+              "vs nccl: NCCL time / time")
     failures = 0
     for op in args.ops:
         if rank == 0:
@@ -249,7 +260,8 @@ def run_simulated(args) -> int:
           f"{torch.cuda.get_device_name(device)} | torch {torch.__version__}")
     print("# no NCCL rows: NCCL refuses two ranks on one GPU (and a simulated world is one process)")
     print("# time: us per call (one launch serves every rank); algbw, busbw: GB/s per rank; #wrong: elements "
-          "differing from torch's int64 sum of every rank's inputs, all ranks")
+          "differing from torch's int64 sum of every rank's inputs (all-gather, all-to-all: from the blocks they "
+          "must receive), all ranks")
     failures = 0
     for op in args.ops:
         print(f"\n## {op}\n{HEADER}", flush=True)
@@ -258,11 +270,15 @@ def run_simulated(args) -> int:
             ins = [pattern(r, n_in, dtype, device) for r in range(n)]
             outs = ins if op == "all_reduce" else [torch.empty(n_out, dtype=dtype, device=device) for _ in range(n)]
             wants = [expected(op, r, n, n_in, dtype, device) for r in range(n)]
+            counts = [torch.full((n,), n_in // n, dtype=torch.int64, device=device) for _ in range(n)]
             for impl in impls(op, args.algos, False):
                 algo = _C.ALL_REDUCE_ALGOS[impl] if op == "all_reduce" else _C.ALL_REDUCE_ALGOS["auto"]
 
                 def call():
-                    sim.run(colls[op], ins, outs, int(ringzero.ReduceOp.SUM), algo)
+                    if op == "all_to_all":  # even blocks; the counts stay on the device, as the kernel reads them
+                        sim.all_to_all(ins, outs, counts)
+                    else:
+                        sim.run(colls[op], ins, outs, int(ringzero.ReduceOp.SUM), algo)
 
                 t = _timed(call, torch.cuda.synchronize, lambda x: x, args.budget_s)
                 for r in range(n):
