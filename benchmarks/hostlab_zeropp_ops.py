@@ -51,30 +51,32 @@ def rank_main(out: str, seq: int, repeats: int, zeropp: str):
     from ringzero.models import GPT, Block
     from ringzero.parallel import ZeroDataParallel
     from ringzero.parallel.data_parallel import quantize as qz
+    from ringzero.parallel.data_parallel.zeropp_gather import QuantizedGatherAcrossHosts, SecondaryGather
 
     dist.init_process_group("gloo")
     torch.manual_seed(0)
     model = ZeroDataParallel(GPT(config(seq)), stage=3, unit=Block, zeropp=zeropp)
     split, groups = model.split, list(model.groups)
     assert split.several_hosts, "run on several hosts"
-    units = [g for g in groups if g.secondary is not None]
+    units = [g for g in groups if isinstance(g.gather, SecondaryGather)]
+    qw = {id(g): next(p for p in g.gather.parts() if isinstance(p, QuantizedGatherAcrossHosts)) for g in groups}
     H, world = split.num_hosts, dist.get_world_size()
 
     def qw_cross():
         for g in groups:
-            ringzero.all_gather_single(g._qw_cross, g._qw_send, group=split.cross_group)
+            ringzero.all_gather_single(qw[id(g)].cross, qw[id(g)].send, group=split.cross_group)
 
-    recv = {id(g): torch.empty(world * g._qw_bytes, dtype=torch.uint8) for g in groups}
+    recv = {id(g): torch.empty(world * qw[id(g)].packed, dtype=torch.uint8) for g in groups}
 
     def qw_host():
         for g in groups:
-            ringzero.all_gather_single(recv[id(g)], g._qw_cross, group=split.host_group)
+            ringzero.all_gather_single(recv[id(g)], qw[id(g)].cross, group=split.host_group)
 
     full = {id(g): torch.empty(g.layout.padded_numel) for g in units}
 
     def hpz():
         for g in units:
-            ringzero.all_gather_single(full[id(g)], g.secondary, group=split.host_group)
+            ringzero.all_gather_single(full[id(g)], g.gather.secondary, group=split.host_group)
 
     grads = {id(g): torch.randn(g.layout.padded_numel) for g in groups}
     parts = {id(g): torch.empty(H * g.layout.shard_numel) for g in groups}

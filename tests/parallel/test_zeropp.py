@@ -136,12 +136,12 @@ def grads_of(rank: int, numel: int, seed: int) -> torch.Tensor:
 
 
 def qg_case(rank, world, seed):
-    from ringzero.comm.communicator import get_communicator
-    from ringzero.parallel.data_parallel import quantize as qz
+    from ringzero import comm
+    from ringzero.parallel.data_parallel.zero_comm import GroupShape
     from ringzero.parallel.data_parallel.zeropp import HostSplit, QuantizedReduceScatter
     import torch.distributed as dist
     split = HostSplit(dist.group.WORLD)
-    hosts = list(get_communicator(dist.group.WORLD).hosts.values())
+    hosts = list(comm.group_info(dist.group.WORLD).topology.hosts.values())
     my_host = next(i for i, h in enumerate(hosts) if rank in h)
     report = []
     for c in (1, 7, 300, 1031):
@@ -155,12 +155,14 @@ def qg_case(rank, world, seed):
                     bound += block_bound(partial.float(), bits, 256) / world
             slack = sum(gr[rank * c:(rank + 1) * c].double().abs() for gr in grads) * 2.0 ** -21 / world
             for ef in (False, True):
-                q = QuantizedReduceScatter(split, c, world, bits, 256, ef)
+                q = QuantizedReduceScatter(split, bits, 256, ef)
+                q.bind(GroupShape(dist.group.WORLD, world, c, world * c, torch.float32, torch.float32,
+                                  torch.device("cpu")))
                 outs = []
                 for _ in range(4 if ef else 1):
-                    out = torch.empty(c)
-                    q.start(grads[rank].clone(), out)[0].result()
-                    outs.append(out.double())
+                    pending = q.start(grads[rank].clone())
+                    pending.wait()
+                    outs.append(pending.out.double())
                 if not ef:
                     err = (outs[0] - want).abs()
                     assert bool((err <= bound * (1 + 1e-4) + slack).all()), \
@@ -190,6 +192,7 @@ def train_case(rank, world, runs, steps, micro, repeat=False):
     from ringzero.models import Block, lm_loss
     from ringzero.parallel import ZeroDataParallel
     from ringzero.parallel.data_parallel import quantize as qz
+    from ringzero.parallel.data_parallel.zeropp_gather import QuantizedGather
     out = {}
     # repeat: one batch every step, which the model can learn (random tokens cannot be learned)
     data = batches(world, 1, micro).repeat(steps, 1, 1, 1) if repeat else batches(world, steps, micro)
@@ -221,7 +224,7 @@ def train_case(rank, world, runs, steps, micro, repeat=False):
             g.free()
         masters = [g.master.detach().clone().tolist() for g in model.groups]
         split = model.split
-        fused = sum(g.qw_fused for g in units)
+        fused = sum(p.fused for g in units for p in g.gather.parts() if isinstance(p, QuantizedGather))
         out[name] = (losses, counts, qw_exact, masters, split is not None and split.several_hosts, fused)
         if split is not None:
             split.close()
@@ -251,7 +254,7 @@ def test_hpz_is_bitwise_plain_zero3_and_keeps_backward_in_the_host(hosts):
 
 
 def test_qw_fused_host_step_is_the_unfused_one_bit_for_bit():
-    """qw's host step dequantizes straight from the peers' registered rows (ShmComm::all_gather_dequantize);
+    """qw's host step dequantizes straight from the peers' registered rows (comm.all_gather_dequantize);
     with the buffers unregistered (RINGZERO_REGISTER_BUFFERS=0) it gathers the int8 rows, then dequantizes:
     the trainings must be the same to the last bit. Hosts a,a,b,b: the two-step gather's rows arrive as group
     ranks 0, 2, 1, 3, so a row written to its arrival place instead of its rank's differs (a planted bug of that
@@ -298,12 +301,13 @@ def test_arranged_pieces_put_every_gradient_where_the_rearranged_copy_had_it():
 def arranged_case(rank, world, arranged):
     from ringzero.models import Block, lm_loss
     from ringzero.parallel import ZeroDataParallel
+    from ringzero.parallel.data_parallel.zeropp import QuantizedReduceScatter
     torch.manual_seed(0)
     model = ZeroDataParallel(make_model(), stage=3, unit=Block, zeropp="hpz,qw,qg")
-    qg = [g for g in model.groups if g._qg is not None]
+    qg = [g for g in model.groups if isinstance(g.reduce_scatter, QuantizedReduceScatter)]
     if not arranged:  # the rearranged copy of a group-order buffer instead (QuantizedReduceScatter.start)
         for g in qg:
-            g._qg_pieces = None
+            g._grad_pieces = None
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     for step in batches(world, 2, 1):
         x, y = local(step[0], rank)
@@ -311,7 +315,7 @@ def arranged_case(rank, world, arranged):
         opt.step()
         opt.zero_grad()
     masters = [g.master.detach().clone().tolist() for g in model.groups]
-    n_arranged = sum(g._qg_pieces is not None for g in qg)
+    n_arranged = sum(g._grad_pieces is not None for g in qg)
     model.split.close()
     return masters, len(qg), n_arranged
 

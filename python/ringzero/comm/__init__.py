@@ -9,5 +9,7 @@ from .errors import CollectiveMismatch, CommError, CommTimeout
 from .types import ReduceOp
 from .work import Work
 from .registered import empty, flat_zeros, is_registered
+from .group_info import GroupInfo, group_info
+from .quantized import all_gather_dequantize
 from .backend import backend_stats, register as register_backend
 from .patch import is_patched, patch, unpatch

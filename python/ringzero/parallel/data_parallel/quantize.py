@@ -11,7 +11,7 @@ Packed layout of n values (one row; `rows` of them side by side in a 2-D buffer)
 first their integers (8 bits: one int8 per value; 4 bits: two values per byte, q + 8 in the low nibble for
 the even position and in the high nibble for the odd one), zero-padded to whole blocks, then the blocks'
 scales as float32. packed_bytes() gives the row size; every row of one call has the same n. A row is a whole
-number of 4-byte words (block is a multiple of 8), so packed rows can travel as int32 (zeropp.words).
+number of 4-byte words (block is a multiple of 8), so packed rows can travel as int32 (words()).
 """
 from __future__ import annotations
 
@@ -75,11 +75,11 @@ def dequantize(packed: torch.Tensor, numel: int, bits: int, block: int, out: tor
     return out
 
 
-def is_registered_packed(packed: torch.Tensor) -> bool:
-    """Whether packed rows lie in memory a host's ranks share (comm.flat_zeros / ringzero.empty), where the
-    fused gather of zeropp.py reads them from the peers."""
-    from ...comm.registered import is_registered
-    return packed.is_cpu and is_registered(packed)
+def words(packed: torch.Tensor) -> torch.Tensor:
+    """packed (uint8, contiguous, a whole number of 4-byte words: every packed row is) as int32 words, the
+    form the packed rows travel in: the same bytes, in a dtype every collective carries (the CUDA collectives
+    carry no uint8)."""
+    return packed.view(-1).view(torch.int32)
 
 
 def error_bound(x: torch.Tensor, bits: int, block: int) -> torch.Tensor:

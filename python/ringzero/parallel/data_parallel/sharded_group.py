@@ -1,7 +1,9 @@
 """One ZeRO flat group (a bucket for stages 1-2, a unit for stage 3): its float32 master shard, the
 gather of full parameters from the shards, and the reduction of gradients into the master shard.
 The group knows nothing of stages: its owner (zero_buckets.py, zero_units.py) picks the gradient
-reduction at construction and frees the full weights when it wants them sharded.
+reduction at construction and frees the full weights when it wants them sharded. How the weights are
+gathered and the gradients reduce-scattered is the ParamGather and GradReduceScatter it is handed
+(zero_comm.py: plain; zeropp_gather.py and zeropp.py: ZeRO++'s), which keep their own buffers.
 
 Buffers (1D = flat, padded to a multiple of the world size; shard = 1/N of it):
   master        1D shard, float32, on master_device: the only copy of the weights that the optimizer steps
@@ -12,10 +14,7 @@ Buffers (1D = flat, padded to a multiple of the world size; shard = 1/N of it):
                 freed and back when gathered, around each use)
   grad_flat     1D padded, reduce_dtype: this rank's gradients of the group, input of the reduction
                 (kept between steps under ALL_REDUCE, where gradients are replicated; transient under
-                REDUCE_SCATTER)
-  secondary     zeropp hpz only: 1D padded / ranks-per-host, param_dtype: this rank's chunk of `full` in a
-                split over its host's ranks, copied after each gather from the masters; while the masters
-                are unchanged, gathers read it over the host instead (zeropp.py)
+                REDUCE_SCATTER; in the row order its reduce-scatter reads, where that has one)
 """
 from __future__ import annotations
 
@@ -27,9 +26,8 @@ import torch.nn as nn
 
 from ... import comm
 from ...comm.types import ReduceOp
-from . import quantize as qz
 from .flat import FlatLayout
-from .zeropp import QuantizedReduceScatter, ZeroPP, words
+from .zero_comm import GradReduceScatter, GroupShape, ParamGather, PlainGather, ReduceScatter
 
 
 class ParamState(enum.Enum):
@@ -45,21 +43,6 @@ class GradReduction(enum.Enum):
     REDUCE_SCATTER = "reduce_scatter"  # stages 2-3: averaged into a fresh shard; grad_flat dropped
 
 
-class _FutureWork:
-    """A concurrent.futures.Future with the wait() of a collective's work: the future's result is None, or
-    (CUDA) an event recorded after its kernels and its device, and the waiter's current stream waits on it
-    (the waiting thread may be on another stream than the starting one: autograd's device threads)."""
-
-    def __init__(self, future, host_done=None):
-        self.future, self.host_done = future, host_done
-
-    def wait(self):
-        done = self.future.result()
-        if done is not None:
-            event, device = done
-            torch.cuda.current_stream(device).wait_event(event)
-
-
 def _row_pieces(start: int, end: int, c: int, where: dict) -> list[tuple[int, int]]:
     """The layout's elements [start, end) in a buffer whose rows of c lie in another order (layout row r at
     physical row where[r]): (offset in the buffer, elements) for each row the range touches."""
@@ -73,9 +56,9 @@ def _row_pieces(start: int, end: int, c: int, where: dict) -> list[tuple[int, in
 
 
 def _arranged_pieces(layout: FlatLayout, rows: list[int]) -> dict | None:
-    """qg's gradient buffer holds the shard-sized rows of the flat layout in the order its in-host
-    reduce-scatter takes them (HostSplit.gather_rows: physical row i is the layout's row rows[i]), so that
-    copy_grad_in writes each gradient where that step reads it, with no rearranged copy of the buffer.
+    """The gradient buffer holds the shard-sized rows of the flat layout in the order its reduce-scatter
+    reads them (GradReduceScatter.row_order, e.g. qg's in-host step: physical row i is the layout's row
+    rows[i]), so that copy_grad_in writes each gradient where that step reads it, with no rearranged copy.
     Per parameter (by id): (offset in the parameter, offset in the buffer, elements) for each row it
     touches, and under the key "padding" the padding's (offset in the buffer, elements). None where the
     order is the layout's own (plain views then)."""
@@ -95,13 +78,15 @@ def _arranged_pieces(layout: FlatLayout, rows: list[int]) -> dict | None:
 
 class ShardedGroup:
     """named_params: (name, Parameter) of this group, in flat order; every rank passes the same list.
+    gather, reduce_scatter: this group's own instances of the forms it communicates with (None: the plain
+    ones, zero_comm.py); the group binds them in its constructor, on every rank alike.
 
     Takes over the parameters: their current values (float32 of them) become the master shard, and
     their .data becomes views into `full` (or empty while sharded). Starts UNSHARDED; free() shards it."""
 
     def __init__(self, named_params, group, world: int, rank: int, reduction: GradReduction,
                  param_dtype: torch.dtype, reduce_dtype: torch.dtype, master_device: torch.device,
-                 zeropp: ZeroPP = ZeroPP(), split=None):
+                 gather: ParamGather | None = None, reduce_scatter: GradReduceScatter | None = None):
         self.layout = FlatLayout(named_params, world, rank)
         self._slots = {id(s.param): s for s in self.layout.slots}
         self.group, self.reduction = group, reduction
@@ -111,17 +96,16 @@ class ShardedGroup:
         flat32 = self.layout.flatten([p.detach() for p in params], torch.float32)
         shard = self.layout.shard(flat32)
         if torch.device(master_device) == self.compute_device == torch.device("cpu") and param_dtype == torch.float32:
-            # The all-gather reads it in place (gather_async): registered, the peers read it directly.
+            # The all-gather reads it in place (PlainGather): registered, the peers read it directly.
             master = comm.flat_zeros(shard.numel(), torch.float32, master_device, group).copy_(shard)
         else:
             master = shard.to(master_device, copy=True)
         self.master = nn.Parameter(master)
         self.state = ParamState.SHARDED
-        self._gather_work = self._gather_input = None
         self.grad_flat = None
         self._unfilled = set()  # REDUCE_SCATTER: ids of the parameters whose slots in grad_flat hold no value yet
         self._grad_view = None  # ALL_REDUCE: the view of grad_flat handed to master.grad, if any
-        self._reduce_work = self._reduce_out = None
+        self._pending = None  # the reduction in flight: a Work (ALL_REDUCE) or a PendingReduce
         # The module parameters are bound once, as views of `full`. Stage 3 frees `full` by resizing its
         # storage to zero bytes and gathers into the same storage again (as FSDP2 does): views that
         # autograd saved during forward (e.g. weight.t() of a Linear) then see the weights again in
@@ -133,106 +117,36 @@ class ShardedGroup:
             s.param.data = self.layout.view(self.full, s)
         self.state = ParamState.UNSHARDED
         self.gathered_version = self.master._version
-        self._init_zeropp(zeropp, split)
+        lay = self.layout
+        shape = GroupShape(group, lay.world, lay.shard_numel, lay.padded_numel, param_dtype, reduce_dtype,
+                           self.compute_device)
+        self.gather = gather if gather is not None else PlainGather()
+        self.reduce_scatter = reduce_scatter if reduce_scatter is not None else ReduceScatter()
+        self.gather.bind(shape)  # collective where a form registers its buffers, like the master
+        self.reduce_scatter.bind(shape)
+        self.gathers = collections.Counter()  # gathers started, by the source they read (ParamGather.start)
+        order = self.reduce_scatter.row_order
+        self._grad_pieces = (_arranged_pieces(lay, order)
+                             if order is not None and reduction is GradReduction.REDUCE_SCATTER else None)
 
-    def _init_zeropp(self, zeropp: ZeroPP, split):
-        """zeropp's buffers (zeropp.py); collective where they are registered, like the master."""
-        lay, cpu = self.layout, self.compute_device.type == "cpu"
-        self.zeropp, self.split = zeropp, split
-        self._gather_kind = None
-        self.gathers = collections.Counter()  # gathers started, by source: master, qw, secondary
-        self.qw_fused = 0  # qw gathers whose host step dequantized straight from the peers (HostSplit.gather_dequantize)
-        self.secondary = None
-        self._secondary_version = None  # master._version the secondary was taken at; None: not valid
-        several = split is not None and split.several_hosts
-        if zeropp.hpz and several:
-            n = lay.padded_numel // split.local_world
-            self.secondary = (comm.flat_zeros(n, self.param_dtype, self.compute_device, split.host_group) if cpu
-                              else torch.zeros(n, dtype=self.param_dtype, device=self.compute_device))
-        self._qw_bytes = qz.packed_bytes(lay.shard_numel, 8, zeropp.block) if zeropp.qw else 0
-        self._qw_send = self._qw_cross = self._qw_recv = None
-        self._qw_early = None  # (work, master version): step 1 of a qw gather started by start_qw_cross()
-        if zeropp.qw and several:
-            # Across hosts in two steps, each over its subgroup: the cross-host group's shards (one per host),
-            # then the host's (registered: read where it lies). The world's all-gather would take its flat
-            # ring below the pipelined sizes (3/4 of the bytes across 2 hosts x 2 ranks instead of 1/2).
-            self._qw_send = torch.empty(self._qw_bytes, dtype=torch.uint8, device=self.compute_device)
-            self._qw_cross = comm.flat_zeros(split.num_hosts * self._qw_bytes, torch.uint8, self.compute_device,
-                                             split.host_group)
-        elif zeropp.qw:
-            self._qw_send = comm.flat_zeros(self._qw_bytes, torch.uint8, self.compute_device, self.group)
-        self._qg = None
-        self._qg_pieces = None
-        if zeropp.qg_bits and several and self.reduction is GradReduction.REDUCE_SCATTER:
-            self._qg = QuantizedReduceScatter(split, lay.shard_numel, lay.world, zeropp.qg_bits, zeropp.block,
-                                              zeropp.error_feedback, self.compute_device)
-            self._qg_pieces = _arranged_pieces(lay, split.gather_rows.tolist())
-
-    def secondary_valid(self) -> bool:
-        """hpz: the secondary holds the weights of the current masters."""
-        return self.secondary is not None and self._secondary_version == self.master._version
-
-    def drop_secondary(self):
+    def masters_written(self):
         """The masters were written behind their version counter: the next gather reads them."""
-        self._secondary_version = None
+        self.gather.forget()
 
     # ---- parameters ----------------------------------------------------------------------------
-    def start_qw_cross(self):
-        """qw across hosts: quantizes the master and starts the gather's cross-host step now, ahead of
-        gather_async() (which then does the rest). Stage 3 calls it for every unit at the start of a
-        forward: the int8 buffers it fills are kept anyway, so the link carries every unit's weights
-        back to back while the host steps and the compute of the first units run. Nothing when the gather
-        would not read the masters (hpz's secondary is valid) or a step 1 is already in flight."""
-        if self._qw_cross is None or self._qw_early is not None or self.secondary_valid():
-            return
-        qz.quantize(self.master.detach().to(self.compute_device), 8, self.zeropp.block, out=self._qw_send)
-        self._qw_early = (comm.all_gather_single(words(self._qw_cross), words(self._qw_send),
-                                                 group=self.split.cross_group, async_op=True), self.master._version)
-
-    def _qw_step1(self, master):
-        """The gather's cross-host step: the one start_qw_cross() began if it holds the current masters."""
-        if self._qw_early is not None:
-            work, version = self._qw_early
-            self._qw_early = None
-            if version == self.master._version:
-                return work
-            work.wait()  # stale: the masters changed since; its buffers are reused below
-        qz.quantize(master.to(self.compute_device), 8, self.zeropp.block, out=self._qw_send)
-        return comm.all_gather_single(words(self._qw_cross), words(self._qw_send), group=self.split.cross_group,
-                                      async_op=True)
+    def gather_ahead(self):
+        """Lets the gather start ahead of gather_async() what it can (qw across hosts: the cross-host step).
+        Stage 3 calls it for every sharded unit at the start of a forward. Every rank of the group calls it
+        alike."""
+        self.gather.start_early(self.master)
 
     def gather_async(self):
         """Starts the all-gather of the master shards (as param_dtype) into `full`. Every rank of the
         group must call it, in the same order as its other collectives."""
-        master = self.master.detach()
         storage = self.full.untyped_storage()
         if storage.nbytes() != self._full_bytes:
             storage.resize_(self._full_bytes)
-        self._gather_input = None
-        if self.secondary_valid():  # hpz: over the host only, from the weights the masters last gave
-            self._gather_kind = "secondary"
-            self._gather_work = comm.all_gather_single(self.full, self.secondary, group=self.split.host_group,
-                                                       async_op=True)
-        elif self._qw_send is not None:  # qw: int8 blocks of the float32 master, dequantized at the wait
-            self._gather_kind = "qw"
-            if self._qw_cross is not None:  # step 1 of 2 (the host's step at the wait)
-                self._gather_work = self._qw_step1(master)
-            else:
-                self._qw_recv = torch.empty(self.layout.world * self._qw_bytes, dtype=torch.uint8,
-                                            device=self.compute_device)
-                qz.quantize(master.to(self.compute_device), 8, self.zeropp.block, out=self._qw_send)
-                self._gather_work = comm.all_gather_single(words(self._qw_recv), words(self._qw_send), group=self.group,
-                                                           async_op=True)
-        else:
-            self._gather_kind = "master"
-            if master.dtype == self.param_dtype and master.device == self.compute_device:
-                # Read in place (no copy of the shard while the gather is in flight): nothing writes the
-                # master between here and the wait, which checks that.
-                self._gather_input = master
-            else:
-                self._gather_input = master.to(self.compute_device, self.param_dtype, copy=True)
-            self._gather_work = comm.all_gather_single(self.full, self._gather_input, group=self.group, async_op=True)
-        self.gathers[self._gather_kind] += 1
+        self.gathers[self.gather.start(self.master, self.full)] += 1
         self.state = ParamState.GATHERING
         self.gathered_version = self.master._version
 
@@ -246,36 +160,9 @@ class ShardedGroup:
             self.state = ParamState.UNSHARDED
 
     def _wait_gather(self):
-        self._gather_work.wait()
-        self._gather_work = self._gather_input = None
-        lay, kind = self.layout, self._gather_kind
-        if kind == "qw":
-            rows = self.full.view(lay.world, lay.shard_numel)
-            order = None
-            if self._qw_cross is not None:  # step 2: the host's, dequantizing straight from the peers' rows
-                H = self.split.num_hosts
-                if self.split.gather_dequantize(self._qw_cross.view(H, self._qw_bytes), rows, lay.shard_numel, 8,
-                                                self.zeropp.block):
-                    kind = "qw-fused"
-                    self.qw_fused += 1
-                else:  # not registered: gathered, then dequantized; rows in HostSplit.gathered_order's order
-                    self._qw_recv = torch.empty(lay.world * self._qw_bytes, dtype=torch.uint8, device=self.compute_device)
-                    comm.all_gather_single(words(self._qw_recv), words(self._qw_cross), group=self.split.host_group)
-                    order = self.split.gathered_order
-        if kind == "qw":
-            packed = self._qw_recv.view(lay.world, self._qw_bytes)
-            if order is None:
-                qz.dequantize(packed, lay.shard_numel, 8, self.zeropp.block, out=rows)
-            else:  # each row straight into its place
-                for j, r in enumerate(order.tolist()):
-                    qz.dequantize(packed[j], lay.shard_numel, 8, self.zeropp.block, out=rows[r])
-            self._qw_recv = None
-        if self.secondary is not None and kind != "secondary":
-            n, i = self.secondary.numel(), self.split.host_position
-            self.secondary.copy_(self.full[i * n:(i + 1) * n])
-            self._secondary_version = self.gathered_version
+        self.gather.finish(self.full)
         if self.master._version != self.gathered_version:
-            self._secondary_version = None
+            self.gather.forget()
             raise RuntimeError("ZeroDataParallel: a master shard was modified in place while its all-gather was in "
                                "flight (an optimizer step between a forward and its backward?); step the optimizer after "
                                "backward")
@@ -317,21 +204,21 @@ class ShardedGroup:
             if self._grad_is_view():
                 self.master.grad = self.master.grad.clone()
             self._grad_view = None
-        if self._qg_pieces is None:
+        if self._grad_pieces is None:
             view = self.layout.view(self.grad_flat, self._slots[id(p)])
             view.copy_(grad) if grad is not None else view.zero_()
-        else:  # qg: each piece straight into the row order its in-host step reduces (_arranged_pieces)
+        else:  # each piece straight into the row order its reduce-scatter reads (_arranged_pieces)
             flat = grad.reshape(-1) if grad is not None else None
-            for src, dst, n in self._qg_pieces[id(p)]:
+            for src, dst, n in self._grad_pieces[id(p)]:
                 piece = self.grad_flat[dst:dst + n]
                 piece.copy_(flat[src:src + n]) if flat is not None else piece.zero_()
         self._unfilled.discard(id(p))
         p.grad = None
 
     def _padding_pieces(self) -> list[tuple[int, int]]:
-        """(offset, elements) of grad_flat's padding: the layout's tail, or where qg's row order puts it."""
-        if self._qg_pieces is not None:
-            return self._qg_pieces["padding"]
+        """(offset, elements) of grad_flat's padding: the layout's tail, or where the row order puts it."""
+        if self._grad_pieces is not None:
+            return self._grad_pieces["padding"]
         return [(self.layout.numel, self.layout.padded_numel - self.layout.numel)]
 
     def _zero_unfilled(self):
@@ -343,40 +230,34 @@ class ShardedGroup:
         """Starts the reduction of grad_flat (average): ALL_REDUCE in place, REDUCE_SCATTER into a
         fresh shard. Every rank of the group must call it, in the same order as its other collectives."""
         if self.reduction is GradReduction.ALL_REDUCE:
-            self._reduce_work = comm.all_reduce(self.grad_flat, op=ReduceOp.AVG, group=self.group, async_op=True)
+            self._pending = comm.all_reduce(self.grad_flat, op=ReduceOp.AVG, group=self.group, async_op=True)
             return
         if self._unfilled:
             self._zero_unfilled()
-        if self._qg is not None:  # qg: in the host in full precision, across hosts quantized (zeropp.py)
-            self._reduce_out = torch.empty(self.layout.shard_numel, dtype=torch.float32, device=self.compute_device)
-            self._reduce_work = _FutureWork(*self._qg.start(self.grad_flat, self._reduce_out,
-                                                            arranged=self._qg_pieces is not None))
-            self.grad_flat = None  # the in-host step holds it until it is done (release_reduce_buffer)
-        else:
-            self._reduce_out = torch.empty(self.layout.shard_numel, dtype=self.reduce_dtype, device=self.compute_device)
-            self._reduce_work = comm.reduce_scatter_single(self._reduce_out, self.grad_flat, op=ReduceOp.AVG,
-                                                           group=self.group, async_op=True)
+        self._pending = self.reduce_scatter.start(self.grad_flat, arranged=self._grad_pieces is not None)
+        if self._pending.holds_input:
+            self.grad_flat = None  # the reduction holds it until it is done with it (release_reduce_buffer)
 
     def release_reduce_buffer(self) -> bool:
         """Waits until the pending reduction no longer holds a buffer of the group's full size; False where
-        only finish_reduce() releases it. qg: its in-host step (which reads grad_flat)."""
-        if self._qg is None or self._reduce_work is None:
+        only finish_reduce() releases it (PendingReduce.release_input)."""
+        if self._pending is None or self.reduction is GradReduction.ALL_REDUCE:
             return False
-        # Bounded: a wait past the group's timeout leaves it to finish_reduce, which raises the step's error.
-        return self._reduce_work.host_done.wait(self.split.timeout_s)
+        return self._pending.release_input()
 
     def finish_reduce(self):
         """Waits for the reduction and adds this rank's averaged shard into master.grad (float32);
         does nothing when no reduction is pending."""
-        if self._reduce_work is None:
+        if self._pending is None:
             return
-        self._reduce_work.wait()
-        self._reduce_work = None
+        pending = self._pending
+        pending.wait()
+        self._pending = None
         replicated = self.reduction is GradReduction.ALL_REDUCE
         if replicated:
             shard = self.layout.shard(self.grad_flat)
         else:
-            shard, self._reduce_out = self._reduce_out, None
+            shard = pending.out
             self.grad_flat = None  # REDUCE_SCATTER keeps only the shard
         m = self.master
         if m.grad is None:
@@ -401,6 +282,5 @@ class ShardedGroup:
         grads = self.grad_flat.numel() * self.grad_flat.element_size() if self.grad_flat is not None else 0
         if self.master.grad is not None and not self._grad_is_view():
             grads += self.master.grad.numel() * 4
-        if self.secondary is not None:
-            full += self.secondary.numel() * self.secondary.element_size()
+        full += self.gather.kept_bytes()
         return {"params": full, "grads": grads, "master": self.master.numel() * 4}

@@ -32,7 +32,7 @@ from .sharded_group import ShardedGroup
 from .zero_buckets import ReplicatedGradBuckets, ShardedGradBuckets
 from .zero_sharding import ShardSpec, ZeroSharding
 from .zero_units import ShardedUnits
-from .zeropp import HostSplit
+from .zeropp import HostSplit, communication
 from .zeropp import parse as zeropp_parse
 
 _LIVE: "weakref.WeakSet[ZeroDataParallel]" = weakref.WeakSet()
@@ -127,8 +127,10 @@ class ZeroDataParallel(nn.Module):
             raise ValueError(f"ZeroDataParallel: zeropp={self.zeropp.names()!r} runs on CPU and CUDA modules (this one "
                              f"is on {compute_device}); drop zeropp or move the module")
         self.split = HostSplit(self.group) if self.zeropp.any else None
+        # The one place the communication forms are chosen: every group gets its own instances of them.
         spec = ShardSpec(self.group, self.world, self.rank, self.param_dtype, reduce_dtype,
-                         torch.device("cpu") if offload_optimizer else compute_device, self.zeropp, self.split)
+                         torch.device("cpu") if offload_optimizer else compute_device,
+                         communication(self.zeropp, self.split))
         # The one place the stage is read: the sharding built here does the rest.
         self.sharding: ZeroSharding
         if stage == 3:
@@ -179,7 +181,7 @@ class ZeroDataParallel(nn.Module):
         optimizer that writes .data): the next gather_params gathers every one of them."""
         self._stale = True
         for g in self.groups:
-            g.drop_secondary()
+            g.masters_written()
 
     # ---- optimizer-side helpers ----------------------------------------------------------------
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:

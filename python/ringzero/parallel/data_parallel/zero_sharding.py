@@ -14,7 +14,7 @@ import torch.nn as nn
 
 from .grad_ready import GradReadyTracker
 from .sharded_group import GradReduction, ShardedGroup
-from .zeropp import HostSplit, ZeroPP
+from .zero_comm import ZeroComm
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,17 +31,16 @@ class ShardSpec:
     """dtype the gradients are reduced in."""
     master_device: torch.device
     """Where the float32 master shards (and so the optimizer state) live: the compute device, or the CPU."""
-    zeropp: ZeroPP = ZeroPP()
-    """Stage 3's ZeRO++ options (zeropp.py)."""
-    split: HostSplit | None = None
-    """The group's hosts and subgroups, where zeropp has options that use them."""
+    comm: ZeroComm = ZeroComm()
+    """The gather and reduce-scatter forms of every group (zero_comm.py; ZeRO++'s: zeropp.communication)."""
 
-    def make(self, named_params, reduction: GradReduction, secondary: bool = True) -> ShardedGroup:
-        """A ShardedGroup of `named_params` (UNSHARDED: the caller frees it if it starts sharded).
-        secondary=False: no hpz secondary for this group (one gathered once per step, such as stage 3's root)."""
-        zeropp = self.zeropp if secondary else dataclasses.replace(self.zeropp, hpz=False)
+    def make(self, named_params, reduction: GradReduction, repeated: bool = True) -> ShardedGroup:
+        """A ShardedGroup of `named_params` (UNSHARDED: the caller frees it if it starts sharded), with fresh
+        instances of the chosen forms. repeated=False: a group gathered once per step (stage 3's root), which
+        takes the plain gather from the masters (a kept copy such as hpz's secondary would never be read)."""
         return ShardedGroup(named_params, self.group, self.world, self.rank, reduction, self.param_dtype,
-                            self.reduce_dtype, self.master_device, zeropp, self.split)
+                            self.reduce_dtype, self.master_device, self.comm.make_gather(repeated),
+                            self.comm.reduce_scatter())
 
 
 class ZeroSharding:
@@ -86,9 +85,10 @@ class ZeroSharding:
         while all activations are still alive (the step's peak); by the group's end its own activations
         are freed. Reductions launched before overlapped with the backward since; finishing them first
         keeps one flat buffer alive at a time (FSDP2 on CPU is as tight: its reductions are inline).
-        zeropp's qg is the exception: once its in-host step is done it holds only shard-sized buffers, and
-        its cross-host steps (quantize, all-to-all over the link) run on behind this backward until the
-        end of it, or until its group's next backward. A parameter without a gradient counts as zeros."""
+        A reduction that releases its input early is the exception (PendingReduce.release_input; zeropp's
+        qg): once its in-host step is done it holds only shard-sized buffers, and its cross-host steps
+        (quantize, all-to-all over the link) run on behind this backward until the end of it, or until its
+        group's next backward. A parameter without a gradient counts as zeros."""
         self._finish_pending(lambda p: p is g or not p.release_reduce_buffer())
         for q in g.layout.params:
             g.copy_grad_in(q, q.grad)

@@ -139,7 +139,7 @@ class ShardedUnits(ZeroSharding):
         # Each group is freed as soon as it is built: a rank never holds more than one unit's full weights.
         unit_groups = [self._sharded(spec.make(u, GradReduction.REDUCE_SCATTER)) for u in unit_named]
         # The root stays gathered from forward to the end of backward: an hpz secondary would never be read.
-        self.root = (self._sharded(spec.make(root_named, GradReduction.REDUCE_SCATTER, secondary=False))
+        self.root = (self._sharded(spec.make(root_named, GradReduction.REDUCE_SCATTER, repeated=False))
                      if root_named or not unit_groups else None)
         root = [self.root] if self.root is not None else []
         self.scheduler = UnitScheduler(unit_modules, unit_groups, prefetch, reshard_after_forward)
@@ -158,9 +158,9 @@ class ShardedUnits(ZeroSharding):
         root = self.root
         if root is not None and root.state is ParamState.SHARDED:
             root.gather_async()
-        for i in self.scheduler.last_order:  # zeropp's qw across hosts: every unit's cross-host step now
+        for i in self.scheduler.last_order:  # what each unit's gather can start early (qw's cross-host step)
             if self.scheduler.groups[i].state is ParamState.SHARDED:
-                self.scheduler.groups[i].start_qw_cross()
+                self.scheduler.groups[i].gather_ahead()
         self.scheduler.begin_forward()  # prefetches the first unit behind the root's gather
         if root is not None:
             root.wait_gathered()

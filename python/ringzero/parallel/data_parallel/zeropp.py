@@ -21,37 +21,38 @@ hosts, where ringzero's collectives already run at the link's bound.
 On one host hpz and qg change nothing (there is no link to save), and qw still quantizes (it is the user's
 choice; it only costs there). Every rank of the group must pass the same options.
 
-CPU and CUDA tensors take the same steps, written once here and in sharded_group.py: the buffers live on the
-module's device, the quantization runs there (csrc/core/quantize_kernels.inc; csrc/cuda/quantize.cu, the same
-bytes), the packed rows travel as int32 words (`words`: the CUDA collectives carry no uint8, and every packed
-row is a whole number of words), and qg's background step runs on the stream its caller was on. What differs
-is below this file: ringzero's collectives pick shared memory and gloo, or CUDA IPC and NCCL, by the tensors'
-device; qg's all-to-all is torch's on the exchange group (gloo stages CUDA tensors through the host, NCCL
-takes them directly); qw's fused host step (gather_dequantize) is CPU only, and CUDA gathers the int8 rows,
-then dequantizes. The CUDA form has run on no GPU yet, and across hosts it needs a GPU per rank (NCCL).
+Each option is a swappable part of a flat group's communication (zero_comm.py): hpz and qw are parameter
+gathers (zeropp_gather.py), qg a gradient reduction (QuantizedReduceScatter, below); communication() picks
+them once from the options and the hosts, and ShardedGroup never asks which it holds.
+
+CPU and CUDA tensors take the same steps, written once: the buffers live on the module's device, the
+quantization runs there (csrc/core/quantize_kernels.inc; csrc/cuda/quantize.cu, the same bytes), the packed
+rows travel as int32 words (quantize.words: every packed row is a whole number of words), and qg's background
+step runs on the stream its caller was on. What differs is below this file: ringzero's collectives pick shared
+memory and gloo, or CUDA IPC and NCCL, by the tensors' device; qg's all-to-all is torch's on the exchange group
+(gloo stages CUDA tensors through the host, NCCL takes them directly); qw's fused host step
+(comm.all_gather_dequantize) is CPU only, and CUDA gathers the int8 rows, then dequantizes. The CUDA form has
+run on no GPU yet, and across hosts it needs a GPU per rank (NCCL).
 """
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 import threading
 
 import torch
 import torch.distributed as dist
 
 from ... import comm
-from ...comm.communicator import get_communicator
 from ...comm.types import ReduceOp
 from ..mesh import subgroups
 from . import quantize as qz
+from .quantize import words
+from .zero_comm import GradReduceScatter, GroupShape, PendingReduce, PlainGather, ReduceScatter, ZeroComm
+from .zeropp_gather import QuantizedGather, QuantizedGatherAcrossHosts, SecondaryGather
 
 NAMES = ("hpz", "qw", "qg", "qg4", "qg8", "ef")
-
-
-def words(packed: torch.Tensor) -> torch.Tensor:
-    """packed (uint8, contiguous, a whole number of 4-byte words: every packed row is, see quantize.py) as
-    int32 words, the form the packed rows travel in: the same bytes, in a dtype every collective carries."""
-    return packed.view(-1).view(torch.int32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,26 +103,27 @@ class HostSplit:
     subgroup (dist.new_group), in the same order."""
 
     def __init__(self, group, where: str = "ZeroDataParallel"):
-        c = get_communicator(group, "zeropp")
-        hosts = list(c.hosts.values())  # group ranks per host, hosts in order of their lowest rank
+        info = comm.group_info(group)
+        topo = info.topology
+        hosts = list(topo.hosts.values())  # group ranks per host, hosts in order of their lowest rank
         if len({len(h) for h in hosts}) != 1:
-            sizes = {h: len(r) for h, r in c.hosts.items()}
+            sizes = {h: len(r) for h, r in topo.hosts.items()}
             raise ValueError(f"{where}: zeropp needs the same number of ranks on every host, got {sizes}; "
                              "run as many ranks per host on each, or drop zeropp")
-        self.hosts = hosts
+        self.host_ranks = hosts
         self.num_hosts, self.local_world = len(hosts), len(hosts[0])
-        self.rank = c.rank
-        self.timeout_s = c.timeout_s
-        self.host_index = next(i for i, h in enumerate(hosts) if c.rank in h)
-        self.local_index = hosts[self.host_index].index(c.rank)
-        glob = c.global_ranks
+        self.rank = topo.rank
+        self.timeout_s = info.timeout_s
+        self.host_index = next(i for i, h in enumerate(hosts) if topo.rank in h)
+        self.local_index = hosts[self.host_index].index(topo.rank)
+        glob = info.global_ranks
         # dist.new_group orders a subgroup's ranks by global rank: so do these lists, which say which group
         # rank is at each position of a subgroup.
         self.host_order = sorted(hosts[self.host_index], key=lambda r: glob[r])  # host-group position -> rank
         cross_hosts = [sorted(range(self.num_hosts), key=lambda h: glob[hosts[h][j]])
                        for j in range(self.local_world)]  # per local index: cross-group position -> host
         self.cross_hosts = cross_hosts[self.local_index]
-        self.host_position = self.host_order.index(c.rank)
+        self.host_position = self.host_order.index(topo.rank)
         self.cross_position = self.cross_hosts.index(self.host_index)
         self.host_group = group if self.num_hosts == 1 else None
         self.cross_group = self.exchange_group = None
@@ -133,7 +135,7 @@ class HostSplit:
             by_host = [[glob[r] for r in ranks] for ranks in hosts]
             by_index = [[glob[h[j]] for h in hosts] for j in range(self.local_world)]
             self.host_group, self.cross_group, self.exchange_group = subgroups([by_host, by_index, by_index],
-                                                                               c.timeout_s)
+                                                                               info.timeout_s)
         # qg's in-host reduce-scatter input: the gradient blocks rearranged so that host position i's
         # chunk holds the blocks of the cross group of position i's rank, in that group's order.
         order = []
@@ -148,22 +150,15 @@ class HostSplit:
         self._executor = None
 
     def gather_dequantize(self, packed: torch.Tensor, out: torch.Tensor, numel: int, bits: int, block: int) -> bool:
-        """qw's step in the host with the dequantization fused into it: packed (H rows of quantize()'s layout,
-        CPU, in a window of host_group: comm.flat_zeros) from every rank of the host, dequantized straight
-        into out (world rows of numel float32) in the group ranks' order; no staging copy of the int8 rows.
-        False (nothing done; the caller gathers, then dequantizes) where packed is not registered. Ordered
-        among the host group's collectives as any of them."""
-        c = get_communicator(self.host_group, "zeropp")
-        shm = c.shm
-        if shm is None or out.dtype != torch.float32 or not qz.is_registered_packed(packed):
-            return False
+        """qw's step in the host with the dequantization fused into it (comm.all_gather_dequantize): packed (H
+        rows of quantize()'s layout, CPU, in a window of host_group: comm.flat_zeros) from every rank of the
+        host, dequantized straight into out (world rows of numel float32) in the group ranks' order; no staging
+        copy of the int8 rows. False (nothing done; the caller gathers, then dequantizes) where that cannot
+        run. Ordered among the host group's collectives as any of them."""
         if self._row_order is None:
             order = self.gathered_order if self.gathered_order is not None else torch.arange(len(self.gather_rows))
             self._row_order = order.to(torch.long).contiguous()
-        done = []
-        c.run(lambda: done.append(shm.all_gather_dequantize(packed, out, numel, bits, block, self._row_order)), False,
-              out, "all_gather", packed)
-        return bool(done and done[0])
+        return comm.all_gather_dequantize(out, packed, numel, bits, block, self._row_order, group=self.host_group)
 
     @property
     def several_hosts(self) -> bool:
@@ -181,27 +176,53 @@ class HostSplit:
             self._executor = None
 
 
-class QuantizedReduceScatter:
+class QuantizedPending(PendingReduce):
+    """qg's reduction in flight: a future (whose result is None, or on CUDA an event recorded after its kernels
+    and its device) and an event set once the in-host step is over."""
+
+    holds_input = True
+
+    def __init__(self, future: concurrent.futures.Future, host_done: threading.Event, out: torch.Tensor,
+                 timeout_s: float):
+        super().__init__(future, out)
+        self.host_done, self.timeout_s = host_done, timeout_s
+
+    def wait(self):
+        """The waiter's current stream waits on the event where there is one (the waiting thread may be on
+        another stream than the starting one: autograd's device threads)."""
+        done = self.work.result()
+        if done is not None:
+            event, device = done
+            torch.cuda.current_stream(device).wait_event(event)
+
+    def release_input(self) -> bool:
+        # Bounded: a wait past the group's timeout leaves it to wait(), which raises the step's error.
+        return self.host_done.wait(self.timeout_s)
+
+
+class QuantizedReduceScatter(GradReduceScatter):
     """qg for one flat group: out (shard numel c, float32) = the AVG over the group of block `rank` of
     grad_flat (world * c), reduced in the host in full precision and across hosts from quantized partials.
     start() issues the in-host reduce-scatter on the calling thread (so every rank orders it among the host
-    group's collectives alike) and the rest on the split's background thread; it returns a future, whose
-    result() waits, and an event set once the in-host step is over (its full-size input released)."""
+    group's collectives alike) and the rest on the split's background thread. Its row_order is the in-host
+    step's (HostSplit.gather_rows)."""
 
-    def __init__(self, split: HostSplit, shard_numel: int, world: int, bits: int, block: int, error_feedback: bool,
-                 device: torch.device = torch.device("cpu")):
-        self.split, self.c, self.world = split, shard_numel, world
-        self.bits, self.block, self.device = bits, block, torch.device(device)
-        self.residual = torch.zeros(split.num_hosts, shard_numel, device=self.device) if error_feedback else None
+    def __init__(self, split: HostSplit, bits: int, block: int, error_feedback: bool):
+        self.split, self.bits, self.block, self.error_feedback = split, bits, block, error_feedback
+        self.residual = None
 
-    def start(self, grad_flat: torch.Tensor, out: torch.Tensor,
-              arranged: bool = False) -> tuple[concurrent.futures.Future, threading.Event]:
-        """arranged: grad_flat's rows of c are already in split.gather_rows' order (ShardedGroup writes its
-        gradients so); else they are in group-rank order, and a rearranged copy is reduced. CUDA tensors:
-        the background step runs on the caller's current stream, after what the caller queued before, and
-        the future's result is (an event recorded after it, its device): the waiter's stream must wait on it
-        (None on CPU; _FutureWork.wait does both)."""
+    def bind(self, shape: GroupShape):
+        super().bind(shape)
+        self.c, self.world, self.device = shape.shard_numel, shape.world, torch.device(shape.device)
+        if self.error_feedback:
+            self.residual = torch.zeros(self.split.num_hosts, self.c, device=self.device)
+        self.row_order = self.split.gather_rows.tolist()
+
+    def start(self, grad_flat: torch.Tensor, arranged: bool = False) -> QuantizedPending:
+        """CUDA tensors: the background step runs on the caller's current stream, after what the caller queued
+        before; the pending reduction's wait() orders the waiter's stream after it."""
         s, c, H = self.split, self.c, self.split.num_hosts
+        out = torch.empty(c, dtype=torch.float32, device=self.device)
         if arranged or s.gathered_order is None:
             staged = grad_flat.view(-1)
         else:
@@ -211,7 +232,8 @@ class QuantizedReduceScatter:
         work = comm.reduce_scatter_single(part, staged, op=ReduceOp.SUM, group=s.host_group, async_op=True)
         host_done = threading.Event()
         stream = torch.cuda.current_stream(grad_flat.device) if grad_flat.is_cuda else None
-        return s.background().submit(self._on_stream, stream, work, [staged], host_done, part, out), host_done
+        future = s.background().submit(self._on_stream, stream, work, [staged], host_done, part, out)
+        return QuantizedPending(future, host_done, out, s.timeout_s)
 
     def _on_stream(self, stream, *args):
         if stream is None:
@@ -253,3 +275,19 @@ class QuantizedReduceScatter:
             qz.dequantize(recv[a:b], c, self.bits, self.block, out=partials[a:b])
         partials[own] = rows[own]  # this host's own, exact
         out.copy_(partials.sum(dim=0).div_(self.world))
+
+
+def communication(opts: ZeroPP, split: HostSplit | None) -> ZeroComm:
+    """The gather and reduction forms of every flat group of one ZeroDataParallel with options `opts` over
+    `split`'s hosts (None: no options): the one place that turns the options into classes. On one host hpz
+    and qg have no link to save and take the plain forms; qw still quantizes there (the user's choice)."""
+    several = split is not None and split.several_hosts
+    gather = PlainGather
+    if opts.qw:
+        gather = (functools.partial(QuantizedGatherAcrossHosts, opts.block, split) if several
+                  else functools.partial(QuantizedGather, opts.block))
+    reduce_scatter = ReduceScatter
+    if opts.qg_bits and several:
+        reduce_scatter = functools.partial(QuantizedReduceScatter, split, opts.qg_bits, opts.block, opts.error_feedback)
+    repeated = (lambda: SecondaryGather(gather(), split)) if opts.hpz and several else None
+    return ZeroComm(gather, reduce_scatter, repeated)
