@@ -13,6 +13,7 @@ from .network import PRESETS, custom_cluster, parse_cluster
 from .presets import KNOWN_MODELS, known_model
 from .plan import OPTIMIZER_STATES, SCHEDULES, STRATEGIES, Plan, Precision
 from .report import fmt_bytes, fmt_count, full_report, summary_table
+from .step_report import add_step_arguments, json_record, search_report, step_for, step_lines, summary_line
 
 EXAMPLES = """examples:
   ringzero estimate --params 7.5B --dtype bfloat16 --world 64 --strategy ddp,zero1,zero2,zero3
@@ -25,6 +26,11 @@ EXAMPLES = """examples:
       --strategy pp --world 64 --pp 8 --tp 8 --sequence-parallel --recompute selective --batch 1 --microbatches 1
   ringzero estimate --layers 32 --hidden 4096 --heads 32 --vocab 32000 --seq 4096 --dtype bfloat16 \\
       --strategy pp+zero1 --pp 4 --microbatches 8 --batch 256 --recompute selective --cluster 32xH100
+  ringzero estimate --layers 96 --hidden 12288 --heads 96 --vocab 51200 --seq 2048 --dtype bfloat16 \\
+      --strategy pp+zero1 --pp 8 --tp 8 --sequence-parallel --schedule interleaved --virtual-stages 3 \\
+      --microbatches 128 --batch 2048 --recompute selective --cluster 1024xH100 --json
+  ringzero estimate --layers 96 --hidden 12288 --heads 96 --vocab 51200 --seq 2048 --tied --dtype bfloat16 \\
+      --cluster 1024xH100 --search 512,1024,1536,2048
 """
 
 SHAPE_FLAGS = ("layers", "hidden", "heads", "vocab", "seq")
@@ -105,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--gpus-per-node", type=int, default=None, help="with --intra/--inter-gbps (default 8)")
     c.add_argument("--gpu-mem-gb", type=float, help="memory per GPU in GB (1e9 bytes); overrides the preset")
     p.add_argument("--details", action="store_true", help="with several strategies, the full report of each")
+    add_step_arguments(p)
     return p
 
 
@@ -194,7 +201,7 @@ def _plans(args, world: int) -> list[Plan]:
         pp = (args.pp if args.pp is not None else 2) if name.startswith("pp") else 1
         m = args.microbatches if args.microbatches is not None else pp
         plans.append(Plan(strategy=name, world=world, pp=pp, tp=args.tp, sequence_parallel=args.sequence_parallel,
-                          microbatches=m, schedule=args.schedule,
+                          microbatches=m, schedule=args.schedule, virtual_stages=args.virtual_stages,
                           recompute=args.recompute, bucket_bytes=max(1, int(args.bucket_mb * 2**20)),
                           zeropp=args.zeropp if name == "zero3" else "", ranks_per_host=args.ranks_per_host,
                           ep=args.ep))
@@ -216,13 +223,23 @@ def run(args) -> str:
     precision = Precision.for_dtype(args.dtype, args.optimizer, args.grad_dtype, {
         k: v for k, v in (("exp_avg", args.exp_avg_dtype), ("exp_avg_sq", args.exp_avg_sq_dtype)) if v},
         args.master)
+    if args.search is not None:
+        return search_report(args, model, precision, cluster, world)
     estimates = [estimate(model, args.batch, precision, plan, cluster) for plan in _plans(args, world)]
+    steps = [step_for(e, args) for e in estimates]
+    if args.json:
+        import json
+
+        return json.dumps([json_record(e, st) for e, st in zip(estimates, steps)], indent=1)
     out = []
     if len(estimates) == 1 or args.details:
-        out += [full_report(e) for e in estimates]
+        out += [full_report(e) + ("\n\n" + "\n".join(step_lines(st)) if st else "") for e, st in zip(estimates, steps)]
     if len(estimates) > 1:
         out.append("memory per GPU (fullest stage) and communication per step, by strategy\n"
                    + summary_table(estimates))
+        if any(steps):
+            out.append(f"step time by strategy\n{'strategy':<10} {'step':>10} {'tokens/s':>14} {'TFLOP/s':>8} "
+                       f"{'MFU':>6} {'memory':>10}\n" + "\n".join(summary_line(e, st) for e, st in zip(estimates, steps)))
     if cluster is not None and cluster.gpu_mem_bytes:
         out.append(_largest_lines(model, args.batch, precision, estimates, cluster.gpu_mem_bytes))
     return "\n\n".join(out)
@@ -250,5 +267,6 @@ def main(argv=None) -> int:
     try:
         print(run(args))
     except ValueError as exc:
-        parser.error(str(exc))
+        # A rule of the layout or the sizes: one line naming it (argparse's own errors keep the usage).
+        parser.exit(2, f"{parser.prog}: error: {exc}\n")
     return 0

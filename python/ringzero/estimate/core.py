@@ -5,12 +5,14 @@ largest_model(): the biggest model of the same family that fits a GPU's memory.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
-from .expert_parallel import dispatch_rows, expert_gradient_rows, expert_groups
+from .expert_parallel import dispatch_rows, expert_gradient_rows
 from .model import ACTIVATION_FORMULA, ModelShape, split_layers
 from .moe import blocks_params, moe_block_params, routed_activation_bytes, routed_working_bytes
-from .network import Cluster, GroupShape, collective_times, group_shape, sent_per_rank
+from .network import Cluster, collective_times, sent_per_rank
+from .placement import worst_group
 from .plan import Plan, Precision
 from .tensor_parallel import tensor_parallel_rows
 from .zero3 import root_rows, zero3_units, zeropp_rows
@@ -151,7 +153,7 @@ def _stage_params(shape: ModelShape | None, n_params: int, plan: Plan) -> tuple[
             raise ValueError(f"layers_per_stage={plan.layers_per_stage} places {sum(layers)} blocks; the model has "
                              f"{shape.n_layer}")
     starts = [sum(layers[:i]) for i in range(pp)]
-    split = [blocks_params(shape, a, a + n, plan.ep, tp) for a, n in zip(starts, layers)]
+    split = [_layer_bytes(shape, None, a, a + n, plan.ep, tp) for a, n in zip(starts, layers)]
     params = [replicated + experts for replicated, experts in split]
     params[0] += shape.embedding_params(tp)
     params[-1] += shape.head_params(tp)
@@ -166,7 +168,10 @@ def _in_flight(plan: Plan, stage: int) -> int:
         return 1  # gradient accumulation runs micro-batches one after another
     if plan.schedule == "gpipe":
         return plan.microbatches
-    return min(plan.microbatches, plan.pp - stage)
+    flight = min(plan.microbatches, plan.pp - stage)
+    if plan.schedule == "interleaved":  # the warm-up runs (pp - 1) / v more micro-batches' worth of chunks
+        return min(plan.microbatches, math.ceil(flight * (1 + (plan.pp - 1) / (plan.pp * plan.virtual_stages))))
+    return flight
 
 
 def _micro_batch(batch: int | None, plan: Plan) -> int | None:
@@ -237,13 +242,20 @@ def _stage_memory(stage: int, layers, params: int, experts: int, moe_blocks: int
     return st
 
 
+@functools.lru_cache(maxsize=4096)
+def _layer_bytes(shape: ModelShape, method: str | None, *args):
+    """shape.method(*args) (None: blocks_params(shape, *args)), remembered: every stage of an estimate, and
+    every layout of a search, asks the same few per-layer questions."""
+    return blocks_params(shape, *args) if method is None else getattr(shape, method)(*args)
+
+
 def _add_activations(st: StageMemory, stage: int, layers: int, shape, micro: int, precision: Precision,
                      plan: Plan):
     """Activations kept for backward, and the buffers that live beside them at backward's start."""
     e, flight, last = precision.act_bytes, _in_flight(plan, stage), plan.pp - 1
     tp, sp = plan.tp, plan.sequence_parallel
-    terms = {f"{layers} blocks x {flight} micro-batches": layers * flight * shape.layer_activation_bytes(
-        micro, e, plan.recompute, tp, sp)}
+    terms = {f"{layers} blocks x {flight} micro-batches": layers * flight * _layer_bytes(
+        shape, "layer_activation_bytes", micro, e, plan.recompute, tp, sp)}
     if st.moe_blocks:
         terms[f"{st.moe_blocks} of them MoE: routed tokens in place of the MLP (uniform routing)"] = (
             st.moe_blocks * flight * routed_activation_bytes(shape, micro, e, plan.recompute))
@@ -261,12 +273,12 @@ def _add_activations(st: StageMemory, stage: int, layers: int, shape, micro: int
         if stage > 0:
             st.transient_terms["input gradients sent back, until the step's sends complete"] = plan.microbatches * message
     if layers:
-        st.transient_terms[WORKING_TERM] = shape.backward_working_bytes(micro, e, tp, sp) + (
+        st.transient_terms[WORKING_TERM] = _layer_bytes(shape, "backward_working_bytes", micro, e, tp, sp) + (
             max(0, routed_working_bytes(shape, micro, e) - shape.width * shape.seq_len * micro * e)
             if st.moe_blocks else 0)
     if plan.recompute != "none" and layers:
-        st.transient_terms[RECOMPUTE_TERM.format(plan.recompute)] = shape.layer_recompute_peak_bytes(
-            micro, e, plan.recompute, tp, sp)
+        st.transient_terms[RECOMPUTE_TERM.format(plan.recompute)] = _layer_bytes(
+            shape, "layer_recompute_peak_bytes", micro, e, plan.recompute, tp, sp)
 
 
 def _stage_message_bytes(shape, micro: int, act_bytes: int, plan: Plan) -> int:
@@ -296,7 +308,7 @@ def _collectives(shape, layers, stages: list, micro, precision: Precision, plan:
         else:
             if shape is None:
                 notes.append("ZeRO-3 without layer shapes: one gather per pass counted (latency understated)")
-            blocks, root = zero3_units(shape, params)
+            blocks, root = zero3_units(shape, params, plan.tp)
             zpp = plan.zeropp_options
             hosts = plan.dp // plan.ranks_per_host if zpp.any else 1
             if hosts > 1:
@@ -380,6 +392,9 @@ def estimate(model, batch: int | None = None, precision: Precision | None = None
         shape.moe.check_layout(plan.ep, plan.tp, plan.zeropp)
     elif plan.ep > 1:
         raise ValueError(f"ep={plan.ep} needs a mixture-of-experts model (e.g. --model mixtral-8x7b)")
+    if shape is not None and plan.virtual_stages > 1 and shape.n_layer < plan.pp * plan.virtual_stages:
+        raise ValueError(f"{shape.n_layer} layers do not fill pp x virtual stages = {plan.pp} x {plan.virtual_stages} "
+                         "chunks of at least one block; use fewer stages or chunks")
     layers, stage_params, stage_experts = _stage_params(shape, n_params, plan)
     starts = [sum(layers[:i]) for i in range(plan.pp)] if shape is not None else [0] * plan.pp
     moe_blocks = [shape.moe.count(a, a + n) if shape is not None and shape.moe else 0 for a, n in zip(starts, layers)]
@@ -394,42 +409,13 @@ def estimate(model, batch: int | None = None, precision: Precision | None = None
         c = Collective(what, op, group, size, nbytes, calls, sent_per_rank(op, nbytes, size))
         if cluster is not None:
             c.times_s = {algo: calls * t for algo, t in
-                         collective_times(op, nbytes / calls, _worst_group(group, plan, cluster), cluster).items()}
+                         collective_times(op, nbytes / calls, worst_group(group, plan, cluster), cluster).items()}
         collectives.append(c)
     if shape is None:
         notes.append("activations not computed: give the model shape (--layers --hidden --heads --vocab --seq)")
     elif micro is None:
         notes.append("activations not computed: give --batch")
     return Estimate(shape, n_params, precision, plan, batch, micro, stages, collectives, cluster, notes)
-
-
-def _worst_group(group: str, plan: Plan, cluster: Cluster) -> GroupShape:
-    """The group spanning the most nodes (ranks pipeline-major, tensor innermost:
-    rank = (stage * dp + dp_index) * tp + tp_index)."""
-    g = cluster.gpus_per_node
-    if group in ("dp-host", "dp-cross"):  # ZeRO++'s subgroups: one host's ranks, one rank of every host
-        L = plan.ranks_per_host
-        # The L cross-host groups of a host (one per local rank) gather and exchange at the same time.
-        return GroupShape(L, 1, L) if group == "dp-host" else GroupShape(plan.dp // L, plan.dp // L, 1, siblings=L)
-    if plan.world > g and plan.world % g:
-        raise ValueError(f"world={plan.world} does not fill whole {g}-GPU nodes; use a multiple of {g} "
-                         f"or set --gpus-per-node")
-    pp, dp, tp = plan.pp, plan.dp, plan.tp
-    rank = lambda s, d, t: (s * dp + d) * tp + t  # noqa: E731
-    if group == "dp":
-        groups = [[rank(s, d, t) for d in range(dp)] for s in range(pp) for t in range(tp)]
-    elif group == "tp":
-        groups = [[rank(s, d, t) for t in range(tp)] for s in range(pp) for d in range(dp)]
-    elif group in ("ep", "edp"):
-        worst = max((group_shape(r, g) for r in expert_groups(plan, rank)[group]), key=lambda gs: (gs.nodes, -gs.local))
-        # Every rank of a node belongs to one group of each kind, and all of them exchange at once: a group
-        # crossing nodes shares the node's NICs with the node's other ranks (GroupShape.siblings).
-        if worst.nodes > 1 and worst.local:
-            worst = dataclasses.replace(worst, siblings=min(g, plan.world) // worst.local)
-        return worst
-    else:  # neighbouring stages: a point-to-point pair crossing a node boundary is the slow one
-        groups = [[rank(s, d, t), rank(s + 1, d, t)] for s in range(pp - 1) for d in range(dp) for t in range(tp)]
-    return max((group_shape(r, g) for r in groups), key=lambda gs: (gs.nodes, -gs.local))
 
 
 def largest_model(model, batch: int | None, precision: Precision, plan: Plan, capacity_bytes: int):
@@ -440,7 +426,7 @@ def largest_model(model, batch: int | None, precision: Precision, plan: Plan, ca
     if shape is None:
         make, low, high = (lambda k: k), max(1, plan.pp), 2**50
     else:
-        make, low, high = (lambda k: dataclasses.replace(shape, n_layer=k)), plan.pp, 2**20
+        make, low, high = (lambda k: dataclasses.replace(shape, n_layer=k)), plan.pp * plan.virtual_stages, 2**20
     fits = lambda k: estimate(make(k), batch, precision, plan).total_bytes <= capacity_bytes  # noqa: E731
     if not fits(low):
         return None

@@ -14,7 +14,10 @@ DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, 
                "fp8": 1, "float8": 1}
 OPTIMIZER_STATES = {"adam": ("exp_avg", "exp_avg_sq"), "adamw": ("exp_avg", "exp_avg_sq"),
                     "momentum": ("momentum",), "sgd": ()}
-SCHEDULES = ("1f1b", "gpipe")
+SCHEDULES = ("1f1b", "gpipe", "interleaved", "zb-h1")
+"""Pipeline schedules: GPipe (all forwards, then all backwards), 1F1B (PipeDream-Flush), Megatron's
+interleaved 1F1B over virtual_stages chunks per rank (Narayanan et al. 2021), and zero-bubble ZB-H1 (Qi et al.
+2023: 1F1B's memory, the weight gradients moved into the bubble)."""
 
 
 def dtype_bytes(name: str, what: str) -> int:
@@ -106,7 +109,11 @@ class Plan:
     microbatches: int = 1
     """Micro-batches per step and data-parallel rank (the pipeline's m; gradient accumulation steps)."""
     schedule: str = "1f1b"
-    """Pipeline schedule: '1f1b' keeps at most pp micro-batches in flight on stage 0, 'gpipe' keeps all m."""
+    """Pipeline schedule, one of SCHEDULES: '1f1b', 'zb-h1' keep at most pp micro-batches in flight on stage 0,
+    'gpipe' keeps all m, 'interleaved' pp (1 + (pp - 1) / (pp v)) as Narayanan et al. 2021 count it."""
+    virtual_stages: int = 1
+    """Model chunks per pipeline rank (v) of the interleaved schedule: each rank holds v non-neighbouring
+    slices of layers / (pp v) blocks, which divides the bubble by v. 1 for every other schedule."""
     recompute: str = "none"
     """Activation recomputation: none, selective (the paper's: the attention s^2 part), full (per block)."""
     bucket_bytes: int = 25 * 2**20
@@ -138,6 +145,13 @@ class Plan:
                              "parallelism splits the data-parallel ranks")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule={self.schedule!r}: use one of {SCHEDULES}")
+        positive_ints("", virtual_stages=self.virtual_stages)
+        if (self.virtual_stages > 1) != (self.schedule == "interleaved"):
+            raise ValueError(f"virtual_stages={self.virtual_stages} with schedule {self.schedule!r}: the interleaved "
+                             "schedule takes virtual_stages > 1, the others 1")
+        if self.schedule == "interleaved" and self.microbatches % self.pp:
+            raise ValueError(f"the interleaved schedule needs micro-batches ({self.microbatches}) divisible by the "
+                             f"pipeline stages pp ({self.pp})")
         if self.layers_per_stage is not None:
             lps = tuple(self.layers_per_stage)
             if len(lps) != self.pp or any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in lps):
@@ -181,8 +195,9 @@ class Plan:
         return self.layout.zero_stage
 
     def describe(self) -> str:
+        chunks = f" x {self.virtual_stages} chunks" if self.virtual_stages > 1 else ""
         pipe = (f", {self.pp} stages x {self.dp} data-parallel, {self.microbatches} micro-batches, "
-                f"{self.schedule}" if self.pp > 1 else f", {self.dp} data-parallel ranks")
+                f"{self.schedule}{chunks}" if self.pp > 1 else f", {self.dp} data-parallel ranks")
         tensor = (f", {self.tp} tensor-parallel{' with sequence parallelism' if self.sequence_parallel else ''}"
                   if self.tp > 1 else "")
         expert = f", {self.ep} expert-parallel ({self.edp} holding the same experts)" if self.ep > 1 else ""

@@ -7,17 +7,18 @@ from .moe import blocks_params
 from .plan import Plan, Precision
 
 
-def zero3_units(shape, params: int) -> tuple[tuple[int, int], int]:
+def zero3_units(shape, params: int, tp: int = 1) -> tuple[tuple[int, int], int]:
     """ZeRO-3's units as ringzero's ZeroDataParallel forms them for `ringzero train` (parallel/data_parallel/
     zero_units.py; a unit per block): ((how many blocks, parameters of each), the root group's parameters,
     the embedding, the final norm and the head, which is gathered once per forward and kept until the end of
     its backward, and never has an hpz secondary). Without a shape: one unit of every parameter, gathered for
     the forward and again for the backward, and no root. `params` are the replicated ones (a MoE model's
     experts are gathered over their own group, expert_parallel.py): a MoE model's blocks differ, so each
-    counts as their mean (the bytes are exact, the root takes the remainder)."""
+    counts as their mean (the bytes are exact, the root takes the remainder). With tp > 1 `params` and the
+    units are one tensor-parallel rank's."""
     if shape is None:
         return (1, params), 0
-    per_block = blocks_params(shape, 0, shape.n_layer)[0] // shape.n_layer
+    per_block = blocks_params(shape, 0, shape.n_layer, 1, tp)[0] // shape.n_layer
     return (shape.n_layer, per_block), params - shape.n_layer * per_block
 
 
