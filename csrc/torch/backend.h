@@ -159,6 +159,12 @@ class RingzeroBackend : public c10d::Backend {
   // The CUDA lane on `device`, set up at the first CUDA collective when `may_set_up`; null when this
   // group has no CUDA path. Throws if the setup failed or `device` is not the lane's.
   CudaLane* cuda_lane(const at::Device& device, const char* op, bool may_set_up);
+  // Whether the CUDA all-to-all kernel serves this group on `device`: a CUDA lane on one host, and the
+  // group's shared memory for the count check ([Note: the CUDA all-to-all's counts], backend_ops.cpp).
+  bool cuda_moves_blocks(const at::Device& device, const char* op);
+  // Every rank's send and receive counts (elements) meet on the host; throws CollectiveMismatchError on
+  // every rank where two ranks' split sizes disagree. Every rank of the group calls it. backend_ops.cpp.
+  void agree_on_splits(const std::vector<size_t>& send, const std::vector<size_t>& recv, const char* op);
   void close_cuda();
   // Runs body(comm) on ringzero's communicator for `device`: the shared-memory worker thread (CPU) or
   // the CUDA lane; `inputs` are the CUDA tensors read besides `outputs`. Defined in backend_ops.cpp.

@@ -78,6 +78,9 @@ class LaneCollectives : public CudaComm {
   void all_gather_v(const void*, void*, const std::vector<size_t>&, DType) override {
     throw InvalidArgument("ringzero CUDA: uneven all_gather is the inner backend's (this is a routing bug)");
   }
+  void all_to_all_v(const void*, void*, const std::vector<size_t>&, const std::vector<size_t>&, DType) override {
+    throw InvalidArgument("ringzero CUDA: the all-to-all across hosts is the inner backend's (this is a routing bug)");
+  }
   // Broadcast as a sum in which only the root contributes: the root's bytes, as 32-bit integers, plus
   // zeros from every other rank is exact for any dtype. Costs an all-reduce (no broadcast kernel yet).
   void broadcast(void* buf, size_t count, DType dtype, int root) override {
@@ -117,6 +120,22 @@ class PeerCollectives final : public LaneCollectives {
   PeerCollectives(std::shared_ptr<cuda::PeerComm> peer, at::Device device, c10::cuda::CUDAStream stream)
       : LaneCollectives(device, stream), peer_(std::move(peer)) {}
   int rank() const override { return peer_ ? peer_->rank() : 0; }
+
+  // The kernel reads the send counts in device memory: they go there on the lane's stream, from host
+  // memory the copy is done with when cudaMemcpyAsync returns (pageable), so the vector may go.
+  void all_to_all_v(const void* in, void* out, const std::vector<size_t>& send_counts,
+                    const std::vector<size_t>& recv_counts, DType dtype) override {
+    size_t in_elems = 0, out_elems = 0;
+    for (size_t c : send_counts) in_elems += c;
+    for (size_t c : recv_counts) out_elems += c;
+    if (!peer_) return copy(out, in, in_elems * dtype_size(dtype));  // a group of one rank
+    const std::vector<int64_t> host(send_counts.begin(), send_counts.end());
+    at::Tensor counts = at::empty({static_cast<int64_t>(host.size())}, options(at::kLong));
+    cuda_ok(cudaMemcpyAsync(counts.data_ptr(), host.data(), host.size() * sizeof(int64_t), cudaMemcpyHostToDevice,
+                            stream_.stream()),
+            "cudaMemcpyAsync of the all-to-all's counts");
+    peer_->all_to_all(in, in_elems, out, out_elems, counts.data_ptr<int64_t>(), dtype, stream_.stream());
+  }
 
  private:
   bool alone() const override { return !peer_; }

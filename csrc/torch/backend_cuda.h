@@ -23,6 +23,8 @@
 // or the flat NCCL ring), and the lane calls it for all-reduce, reduce-scatter and all-gather with the
 // lane's stream current, so its kernels and NCCL calls queue there like the peer kernels ([Note: one
 // engine behind every door], docs/design.md); broadcast and reduce run as all-reduces, as on one host.
+// The all-to-all runs its kernel on one host (any dtype: it moves bytes); across hosts it goes to the
+// inner NCCL backend, as gather and scatter do everywhere.
 // What is not ours: dtypes and reduce ops the CUDA kernels lack, uneven all-gathers, send/recv and the
 // always-handed-on ops go to the inner NCCL backend; where NCCL cannot serve (ranks sharing one GPU, or
 // no NCCL) the op raises a ValueError naming it.
@@ -75,6 +77,10 @@ class CudaComm {
   virtual void reduce_scatter(const void* in, void* out, size_t count_per_rank, DType dtype, ReduceOp op) = 0;
   virtual void all_gather(const void* in, void* out, size_t count, DType dtype) = 0;
   virtual void all_gather_v(const void* in, void* out, const std::vector<size_t>& counts, DType dtype) = 0;
+  // All-to-all(v) along dim 0, counts in elements per rank (ShmComm::all_to_all_v's shapes); one host
+  // only, the counts already agreed on ([Note: the CUDA all-to-all's counts], backend_ops.cpp).
+  virtual void all_to_all_v(const void* in, void* out, const std::vector<size_t>& send_counts,
+                            const std::vector<size_t>& recv_counts, DType dtype) = 0;
   virtual void broadcast(void* buf, size_t count, DType dtype, int root) = 0;
   virtual void reduce(const void* in, void* out, size_t count, DType dtype, ReduceOp op, int root) = 0;
 };

@@ -16,6 +16,7 @@
 #include <type_traits>
 
 #include "backend.h"
+#include "core/errors.h"
 #include "dtype_map.h"
 #include "torch_compat.h"
 
@@ -391,10 +392,45 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::reduce_scatter(std::vector<at::T
   });
 }
 
-// The block movers (all-to-all, gather, scatter) run on our kernels for CPU tensors only (the CUDA lane has
-// none yet: CUDA tensors go to the inner NCCL). Their bodies therefore never meet a CudaComm.
+// Gather and scatter run on our kernels for CPU tensors only (the CUDA lane has none: CUDA tensors go to the
+// inner NCCL), so their bodies never meet a CudaComm. The all-to-all has a CUDA kernel (one host).
 template <class Comm>
 constexpr bool kMovesBlocks = !std::is_base_of_v<CudaComm, std::decay_t<Comm>>;
+
+bool RingzeroBackend::cuda_moves_blocks(const at::Device& device, const char* op) {
+  if (!device.is_cuda() || !shm_) return false;
+  CudaLane* lane = cuda_lane(device, op, true);
+  return lane && !lane->peers().spans_hosts;
+}
+
+// [Note: the CUDA all-to-all's counts]
+// The CUDA all-to-all kernel places each block by its sender's count and has no way to report that a
+// receiver expected another (no error channel without the host reading the device's counts), so before
+// it runs the ranks' send and receive counts meet on the host: one small all-gather on the group's shared
+// memory, queued behind the group's CPU ops like any of them and waited for here. Ranks whose split sizes
+// disagree all raise CollectiveMismatch naming the pair before any kernel runs, as the CPU path does from
+// its first slice ([Note: the all-to-all's count table], csrc/core/shm_alltoall.cpp); ringzero.* does the
+// same through comm/exchange.py. The price is one host synchronisation per call, which an MoE layer pays
+// anyway to learn its split sizes.
+void RingzeroBackend::agree_on_splits(const std::vector<size_t>& send, const std::vector<size_t>& recv, const char* op) {
+  const size_t n = static_cast<size_t>(getSize());
+  std::vector<int64_t> mine(send.begin(), send.end());
+  mine.insert(mine.end(), recv.begin(), recv.end());
+  std::vector<int64_t> table(n * 2 * n);
+  enqueue(c10d::OpType::ALLGATHER, {}, CallOpts{std::chrono::milliseconds(0), false}, [&](ShmComm& c) {  // 0: the group's timeout
+    c.all_gather(mine.data(), table.data(), 2 * n, DType::I64);
+  })->wait();
+  for (size_t q = 0; q < n; ++q)
+    for (size_t p = 0; p < n; ++p) {
+      const int64_t sent = table[q * 2 * n + p], expected = table[p * 2 * n + n + q];
+      if (sent != expected)
+        throw CollectiveMismatchError("ringzero " + std::string(op) + " on group rank " + std::to_string(getRank()) +
+                                      ": the ranks' split sizes disagree: group rank " + std::to_string(q) + " sends " +
+                                      std::to_string(sent) + " elements to group rank " + std::to_string(p) +
+                                      ", which expects " + std::to_string(expected) + " from it (rank q's "
+                                      "input_split_sizes[p] must equal rank p's output_split_sizes[q])");
+    }
+}
 
 namespace {
 
@@ -431,7 +467,7 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::alltoall_base(at::Tensor& output
                                                               std::vector<int64_t>& input_splits,
                                                               const c10d::AllToAllOptions& opts) {
   same_kind(input, output, "all_to_all_single", "output");
-  const bool ok = input.is_cpu() && dense(input) && dense(output);
+  const bool ok = dense(input) && dense(output) && (input.is_cpu() || cuda_moves_blocks(input.device(), "alltoall_base"));
   if (auto* inner = route(output.device(), "alltoall_base", ok))
     return track(inner->alltoall_base(output, input, output_splits, input_splits, opts));
   const int64_t in_row = input.dim() == 0 || input.size(0) == 0 ? 0 : input.numel() / input.size(0);
@@ -440,18 +476,17 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::alltoall_base(at::Tensor& output
                     "holds ", in_row, " elements but a row of the output ", out_row, "; give both the same shape past dim 0");
   const std::vector<size_t> send = block_counts(input, input_splits, getSize(), "input", "input_split_sizes");
   const std::vector<size_t> recv = block_counts(output, output_splits, getSize(), "output", "output_split_sizes");
+  if (input.is_cuda()) agree_on_splits(send, recv, "all_to_all_single");
   return submit(input.device(), c10d::OpType::ALLTOALL_BASE, {output}, {input}, call_opts(opts),
                 [output, input, send, recv](auto& c) {
-    if constexpr (kMovesBlocks<decltype(c)>) {
-      const Elements e = movement(input);
-      std::vector<size_t> s = send, r = recv;
-      for (auto& x : s) x *= e.per_element;
-      for (auto& x : r) x *= e.per_element;
-      at::Tensor in = input.contiguous();
-      at::Tensor out = writable(output);
-      c.all_to_all_v(in.data_ptr(), out.data_ptr(), s, r, e.dtype);
-      write_back(output, out);
-    }
+    const Elements e = movement(input);
+    std::vector<size_t> s = send, r = recv;
+    for (auto& x : s) x *= e.per_element;
+    for (auto& x : r) x *= e.per_element;
+    at::Tensor in = input.contiguous();
+    at::Tensor out = writable(output);
+    c.all_to_all_v(in.data_ptr(), out.data_ptr(), s, r, e.dtype);
+    write_back(output, out);
   });
 }
 
@@ -466,25 +501,25 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::alltoall(std::vector<at::Tensor>
   for (int q = 0; q < getSize(); ++q) {
     same_kind(inputs[0], inputs[q], "all_to_all", "a tensor of input_tensor_list");
     same_kind(inputs[0], outputs[q], "all_to_all", "a tensor of output_tensor_list");
-    ok = ok && inputs[q].is_cpu() && dense(inputs[q]) && dense(outputs[q]);
+    ok = ok && dense(inputs[q]) && dense(outputs[q]);
     send.push_back(static_cast<size_t>(inputs[q].numel()));
     recv.push_back(static_cast<size_t>(outputs[q].numel()));
   }
+  ok = ok && (inputs[0].is_cpu() || cuda_moves_blocks(inputs[0].device(), "alltoall"));
   if (auto* inner = route(inputs[0].device(), "alltoall", ok)) return track(inner->alltoall(outputs, inputs, opts));
+  if (inputs[0].is_cuda()) agree_on_splits(send, recv, "all_to_all");
   return submit(inputs[0].device(), c10d::OpType::ALLTOALL, outputs, inputs, call_opts(opts),
                 [outputs, inputs, send, recv](auto& c) {
-    if constexpr (kMovesBlocks<decltype(c)>) {
-      const Elements e = movement(inputs[0]);
-      std::vector<size_t> s = send, r = recv;
-      for (auto& x : s) x *= e.per_element;
-      for (auto& x : r) x *= e.per_element;
-      at::Tensor in = flat_cat(inputs);
-      size_t total = 0;
-      for (size_t x : recv) total += x;
-      at::Tensor flat = at::empty({static_cast<int64_t>(total)}, inputs[0].options());
-      c.all_to_all_v(in.data_ptr(), flat.data_ptr(), s, r, e.dtype);
-      split_into(flat, outputs);
-    }
+    const Elements e = movement(inputs[0]);
+    std::vector<size_t> s = send, r = recv;
+    for (auto& x : s) x *= e.per_element;
+    for (auto& x : r) x *= e.per_element;
+    at::Tensor in = flat_cat(inputs);
+    size_t total = 0;
+    for (size_t x : recv) total += x;
+    at::Tensor flat = at::empty({static_cast<int64_t>(total)}, inputs[0].options());
+    c.all_to_all_v(in.data_ptr(), flat.data_ptr(), s, r, e.dtype);
+    split_into(flat, outputs);
   });
 }
 

@@ -30,7 +30,7 @@ SMALL = {"RINGZERO_CUDA_BUFFER_BYTES": str(256 << 10), "RINGZERO_CUDA_RING_CHANN
          "RINGZERO_CUDA_MAX_BLOCKS": "4", "RINGZERO_TIMEOUT_S": "120"}
 ROUTED = ["allreduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
           "reduce_scatter_tensor", "allreduce_coalesced", "allgather_into_tensor_coalesced",
-          "reduce_scatter_tensor_coalesced"]
+          "reduce_scatter_tensor_coalesced", "alltoall_base", "alltoall"]
 # Final parameters against one process on the whole batch, after TRAIN_STEPS of AdamW (lr 1e-2): the
 # float32 sums add in another order than the whole-batch loss does, and AdamW's normalised step turns
 # last-bit differences into up to lr-sized ones. Not yet measured on a GPU; the CPU runs of the same
@@ -88,6 +88,33 @@ def ops(rank, world):
         buf = want.cuda() if rank == 0 else torch.zeros(n, dtype=dtype, device="cuda")
         dist.broadcast(buf, src=0, group=g)
         check(buf.cpu(), want, f"broadcast {dtype}")
+    # All-to-all on the CUDA kernel: any dtype, uneven splits (zero-length blocks too), against the blocks
+    # every rank can rebuild; split sizes that disagree raise CollectiveMismatch on every rank before the
+    # kernel runs ([Note: the CUDA all-to-all's counts]), and the group works after.
+    splits = [[(q * 3 + p) % 4 * 1000 + p for p in range(world)] for q in range(world)]  # [q][p]: q sends p
+    for dtype in (torch.float64, torch.bfloat16, torch.uint8, torch.int32):
+        ins = [((torch.arange(sum(splits[q])) * 7 + q) % 251).to(dtype) for q in range(world)]
+        want = torch.cat([ins[q].split(splits[q])[rank] for q in range(world)])
+        recv = [splits[q][rank] for q in range(world)]
+        got = torch.full((sum(recv),), 7, dtype=dtype, device="cuda")
+        dist.all_to_all_single(got, ins[rank].cuda(), recv, splits[rank], group=g)
+        check(got.cpu(), want, f"all_to_all_single {dtype}")
+        outs = [torch.empty(c, dtype=dtype, device="cuda") for c in recv]
+        dist.all_to_all(outs, [t.cuda() for t in ins[rank].split(splits[rank])], group=g)
+        check(torch.cat(outs).cpu(), want, f"all_to_all (list) {dtype}")
+    bad = [2] * world
+    if rank == 0:
+        bad[world - 1] = 3
+    try:
+        dist.all_to_all_single(torch.empty(sum(bad), device="cuda"), torch.ones(2 * world, device="cuda"), bad,
+                               [2] * world, group=g)
+        raise AssertionError("split sizes that disagree did not raise")
+    except RuntimeError as e:
+        assert f"group rank {world - 1} sends 2 elements to group rank 0, which expects 3" in str(e), str(e)
+    even = torch.full((world,), float(rank), device="cuda")
+    got = torch.empty(world, device="cuda")
+    dist.all_to_all_single(got, even, group=g)
+    check(got.cpu(), torch.arange(world, dtype=torch.float32), "all_to_all_single after a mismatch")
     strided = torch.zeros(6, 4, device="cuda")[:, 1]
     strided.fill_(rank + 1)
     dist.all_reduce(strided, group=g)
