@@ -314,13 +314,9 @@ def gather(tensor: torch.Tensor, gather_list=None, dst: int | None = None, group
     every rank's `tensor` in gather_list (world tensors of tensor's size, in rank order); the other ranks pass
     gather_list=None. CPU tensors."""
     op = "gather"
-    _check_tensor(tensor, "tensor", op)
-    _check_cpu(tensor, "tensor", op)
-    comm = _comm(group, op)
+    comm, root, outs = _rooted(op, tensor, gather_list, "gather_list", group, dst, group_dst, "dst")
     if comm is None:
         return None
-    root = _group_rank_of(comm, 0 if dst is None and group_dst is None else dst, group_dst, "dst", op)
-    outs = _root_list(gather_list, "gather_list", tensor, comm, root, op)
 
     def body():
         flat = torch.empty(tensor.numel() * comm.world if outs else 0, dtype=tensor.dtype)
@@ -337,19 +333,29 @@ def scatter(tensor: torch.Tensor, scatter_list=None, src: int | None = None, gro
     tensors of tensor's size; global src, or group_src in `group`; neither: global rank 0); the other ranks
     pass scatter_list=None. CPU tensors."""
     op = "scatter"
-    _check_tensor(tensor, "tensor", op)
-    _check_cpu(tensor, "tensor", op)
-    comm = _comm(group, op)
+    comm, root, ins = _rooted(op, tensor, scatter_list, "scatter_list", group, src, group_src, "src")
     if comm is None:
         return None
-    root = _group_rank_of(comm, 0 if src is None and group_src is None else src, group_src, "src", op)
-    ins = _root_list(scatter_list, "scatter_list", tensor, comm, root, op)
 
     def body():
         flat = torch.cat([t.reshape(-1) for t in ins]) if ins else torch.empty(0, dtype=tensor.dtype)
         comm.scatter(tensor.view(-1), flat, root)
 
     return comm.run(body, async_op, tensor, op, tensor)
+
+
+def _rooted(op: str, tensor: torch.Tensor, tensors, arg: str, group, global_root, group_root, root_arg: str):
+    """What gather and scatter open with: `tensor` checked (CPU), the group's communicator (None where this
+    rank is not in the group), the root as a group rank (global_root, or group_root in `group`; neither:
+    global rank 0) and the root's list of tensors (checked; [] on the other ranks): (comm, root, tensors)."""
+    _check_tensor(tensor, "tensor", op)
+    _check_cpu(tensor, "tensor", op)
+    comm = _comm(group, op)
+    if comm is None:
+        return None, 0, []
+    root = _group_rank_of(comm, 0 if global_root is None and group_root is None else global_root, group_root,
+                          root_arg, op)
+    return comm, root, _root_list(tensors, arg, tensor, comm, root, op)
 
 
 def _root_list(tensors, arg: str, tensor: torch.Tensor, comm, root: int, op: str) -> list:
