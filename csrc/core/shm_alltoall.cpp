@@ -29,8 +29,6 @@ constexpr auto no_work = [](const auto&) {};
 
 // The header of an all-to-all's first slice ([Note: the all-to-all's count table]), in 64-bit words.
 constexpr size_t kA2AFixedWords = 3;  // the input's address, the probe address, 1 if the first pieces are staged
-// The own block from which it is copied with streaming stores.
-constexpr size_t kA2AStreamOwnBytes = 4 << 20;
 inline size_t a2a_header_bytes(int n) { return round_up((kA2AFixedWords + 2 * static_cast<size_t>(n)) * 8, 64); }
 
 // A few bytes every rank's process holds for the whole run: what a single-copy vote reads of its peers
@@ -60,7 +58,7 @@ bool ShmComm::vote_single_copy(const std::vector<uint64_t>& peer_addr, size_t pr
 // the rest of every block through the slots, each rank's slot cut in one piece per destination.
 // Staged, per rank: writes its input (less its own block) to shm once, reads every block it receives
 // once; one synchronisation per slice, the first one included (the blocks' first pieces ride with the
-// headers). Single copy (blocks of kSingleCopyMinBytes and more, where the ranks' vote allows it): the
+// headers). Single copy (blocks of single_copy_min_bytes and more, where the ranks' vote allows it): the
 // first piece as staged, the rest read from the peers' inputs (process_vm_readv), then one more
 // synchronisation so that no rank returns while a peer still reads its input.
 // Invariant: every choice (the slices, single copy) is a function of the count matrix and of votes
@@ -107,8 +105,7 @@ void ShmComm::all_to_all_v(const void* in, void* out, const std::vector<size_t>&
   size_t own_largest = 0;
   for (int q = 0; q < n; ++q)
     if (q != rank_) own_largest = std::max(own_largest, send_counts[q]);
-  const bool stage_first = !(single_copy_ == SingleCopy::On && own_largest > piece_elems &&
-                             own_largest * es >= kSingleCopyMinBytes);
+  const bool stage_first = a2a_stage_first(single_copy_, own_largest > piece_elems, own_largest * es);
   std::vector<char> first_staged(n, 1);
   size_t slices = 1;
   bool direct = false;
@@ -138,7 +135,8 @@ void ShmComm::all_to_all_v(const void* in, void* out, const std::vector<size_t>&
     // one is written with streaming stores (the output is past the caches, as the all-gather's large blocks).
     if (s == 0 && send_counts[rank_] == recv_counts[rank_] && output + rdispl[rank_] * es != input + sdispl[rank_] * es) {
       const size_t own = send_counts[rank_] * es;
-      (own >= kA2AStreamOwnBytes ? copy_streaming : copy_cached)(output + rdispl[rank_] * es, input + sdispl[rank_] * es, own);
+      (a2a_own_copy(own) == CopyMode::Streaming ? copy_streaming : copy_cached)(output + rdispl[rank_] * es,
+                                                                               input + sdispl[rank_] * es, own);
     }
     wait_all(phase_);
     if (s == 0) {
@@ -167,7 +165,7 @@ void ShmComm::all_to_all_v(const void* in, void* out, const std::vector<size_t>&
         peer_offset[q] = off;
       }
       slices = num_slices(largest, piece_elems);
-      if (slices > 1 && largest * es >= kSingleCopyMinBytes && single_copy_ != SingleCopy::Off) {
+      if (a2a_single_copy(single_copy_, slices, largest * es)) {
         if (single_copy_ == SingleCopy::Untested) {
           std::vector<uint64_t> probes(n);
           for (int q = 0; q < n; ++q) probes[q] = header_of(q, k)[1];

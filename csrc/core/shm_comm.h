@@ -15,16 +15,19 @@
 #include <string>
 #include <vector>
 
+#include "select.h"
 #include "shm_segment.h"
 #include "shm_window.h"
 #include "types.h"
 
 namespace ringzero {
 
-struct WaitWord;  // shm_wait.h
-class ShmWindow;  // shm_window.h
+struct WaitWord;      // shm_wait.h
+class ShmWindow;      // shm_window.h
+class SliceContext;   // slice_context.h: what the algorithms' files use of a communicator
 
-// AllReduceAlgo, CollectiveKind and collective_name() are in types.h (shared with Python through _C).
+// AllReduceAlgo, CollectiveKind and collective_name() are in types.h (shared with Python through _C); which
+// algorithm and path a call takes is the selector's (select.h), the all-reduces run in allreduce_*.cpp.
 
 struct Fingerprint {
   uint64_t seq;
@@ -116,13 +119,7 @@ class ShmComm {
   // (its own: region(rank())). all_reduce (in place), reduce_scatter and all_gather then read an input
   // that lies in such a region straight from the peers' regions.
   std::shared_ptr<ShmWindow> create_window(size_t bytes);
-  // ZeRO++'s int8 weight gather in the host with the dequantization fused into it (zeropp.py, qw): `in` is
-  // this rank's `rows` packed rows (quantize_blocks' layout: row_bytes each, n values of `bits` bits in
-  // blocks of `block`), lying in a window of this communicator (any size; false, nothing done, where it
-  // does not); every local rank's rows are read where they lie and dequantized straight into `out`: local
-  // rank q's row j into out row order[q * rows + j] (n float32 each). No staging copy of the int8 bytes.
-  bool all_gather_dequantize(const void* in, size_t rows, size_t row_bytes, size_t n, int bits, size_t block,
-                             const int64_t* order, float* out);
+  // ZeRO++'s dequantizing all-gather is a free function beside the collectives: shm_quantized.h.
 
   // Steps outside the segment. set_away(peers): this rank now waits on `peers` (group ranks, at most
   // two: a ring's neighbours) over the network, as in the hierarchical all-reduce's cross-host step;
@@ -132,7 +129,8 @@ class ShmComm {
   void set_away(const std::vector<int>& peers);
   void abort(const std::string& reason) { abort_all(reason); }
 
-  // The algorithm Auto picks for this message size (exposed for tests and the benchmark).
+  // The algorithm Auto picks for this message size (exposed for tests and the benchmark): the selector's
+  // (select.h).
   AllReduceAlgo choose_all_reduce(size_t bytes) const;
 
   // This rank's last kHistory collectives, oldest first, for the flight recorder (comm/flight.py):
@@ -158,6 +156,7 @@ class ShmComm {
   struct Control;
 
  private:
+  friend class SliceContext;
   // One slice of a collective, as run_slices hands it to the collective's steps.
   struct Slice {
     size_t index;   // 0 for the collective's first slice
@@ -210,34 +209,34 @@ class ShmComm {
 
   // Staging with streaming stores while the two ranks sit on two last-level caches ([Note: where the host
   // runs the ranks' cores], shm_placement.cpp): whether this call of `bytes` starts streaming (the last
-  // verdict), and the re-probe at its first slice's consume step, which updates `stream`.
+  // verdict, as the selector's stage_copy reads it), and the re-probe at its first slice's consume step,
+  // which updates `stream`.
   bool stage_streaming(size_t bytes) const;
   void reprobe_staging(const Slice& sl, size_t bytes, bool& stream);
   void stage_input(const void* in, const Slice& sl, size_t es, bool stream);
-  void all_reduce_one_shot(const void* in, void* out, size_t count, DType dtype, ReduceOp op);
-  void all_reduce_two_shot(const void* in, void* out, size_t count, DType dtype, ReduceOp op);
-  void all_reduce_ring(const void* in, void* out, size_t count, DType dtype, ReduceOp op);
-  // The single-copy all-gather; false when the first probe found it refused, or a block of
-  // kSingleCopyEndBytes or more is not on huge pages on every rank (then nothing but, for a smaller
-  // block, this rank's own block of `out` is written, and the caller runs the staged all-gather).
-  bool all_gather_single_copy(const char* in, char* out, size_t count, size_t es);
-  // The window whose own region holds [p, p + bytes) when a collective (`kind`, for the message) should
-  // read it from the peers directly, else nullptr; InvalidArgument for another group's window.
-  std::shared_ptr<ShmWindow> registered(const void* p, size_t bytes, CollectiveKind kind,
-                                        size_t min_bytes = kRegisteredMinBytes) const;
+  // The facts of a call the selector plans from (select.h), this communicator's part filled in.
+  CpuCall call_facts(CpuOp op, size_t bytes) const;
+  // The selector's plan for `call` whose input is `in`: looks for its window where the selector says to
+  // (`w`: the window found, the registered path's), then plans.
+  CpuPlan plan_call(CpuCall call, const void* in, CollectiveKind kind, std::shared_ptr<ShmWindow>& w) const;
+  // The single-copy all-gather; false when the first probe found it refused, or, where the plan says
+  // `huge_pages_only` (a large block), an input is not on huge pages on every rank (then nothing but, for a
+  // smaller block, this rank's own block of `out` is written, and the caller runs the staged all-gather).
+  bool all_gather_single_copy(const char* in, char* out, size_t count, size_t es, bool huge_pages_only);
+  // The window of this communicator whose own region holds [p, p + bytes), else nullptr (and on one rank);
+  // InvalidArgument for another group's window (`kind` names the collective). Whether to look is the
+  // selector's (window_wanted).
+  std::shared_ptr<ShmWindow> registered(const void* p, size_t bytes, CollectiveKind kind) const;
   // The registered collectives' first synchronisation (fingerprints and offsets compared) and last.
   void start_registered(const ShmWindow& w, const char* in);
   void finish_registered();
-  void all_gather_registered(const ShmWindow& w, const char* in, char* out, size_t count, DType dtype);
-  void reduce_scatter_registered(const ShmWindow& w, const char* in, char* out, size_t count, DType dtype, ReduceOp op);
-  void all_reduce_registered(const ShmWindow& w, char* x, size_t count, DType dtype, ReduceOp op);
   // Single copy's vote, at the first call that could use it, on every rank together: this rank reads a few
   // bytes at peer_addr[q] of every peer q (unless set_single_copy(false)), publishes the verdict, and all
   // read all; sets single_copy_ (On only if every rank could) and returns whether it is on. One phase.
   bool vote_single_copy(const std::vector<uint64_t>& peer_addr, size_t probe_bytes);
   // Copies `bytes` from address `src` of local rank q's process into `dst` (process_vm_readv).
   void read_peer(int q, void* dst, uint64_t src, size_t bytes);
-  enum class SingleCopy : int32_t { Untested = 0, On = 1, Off = 2 };
+  using SingleCopy = SingleCopyVote;  // select.h
 
   ShmSegment seg_;
   int rank_;

@@ -9,14 +9,14 @@
 // - staging slots of 256 KiB (comm/config.py's shm_buffer_bytes): both parities and the slice read from
 //   a peer stay in a 1 MiB L2;
 // - the control block keeps what a waiter needs on one line (ShmComm::Control, shm_slots.h);
-// - a two-rank staged all-gather of kSingleCopyEndBytes (8 MiB) and more per rank probes the placement
+// - a two-rank staged all-gather of single_copy_end_bytes (8 MiB) and more per rank probes the placement
 //   after its first slice (peer_on_other_cache) and, on two L3s, stages the rest with streaming stores,
 //   which the peer then reads from memory; its output (16 MiB and more per rank, both ranks' past a 32 MiB
 //   L3) is always written with streaming stores, which skip the read of each line a plain store makes;
 // - two ranks' staged all-reduces (one-shot and two-shot), reduce-scatters and all-gathers (below
-//   kSingleCopyEndBytes per rank) of kStageStreamMinBytes and more stage with streaming stores while the
+//   single_copy_end_bytes per rank) of stage_stream_min_bytes and more stage with streaming stores while the
 //   probe's verdict is two L3s (it moves when two probes in a row agree), probing again at the first slice of such
-//   a call once kStageReprobeCalls of them or kStageReprobeBytes have run since the last probe (the host moves the
+//   a call once stage_reprobe_calls of them or stage_reprobe_bytes have run since the last probe (the host moves the
 //   vCPUs within seconds). On two L3s a peer's
 //   read of a line still dirty in the writer's cache crawled at ~2 GB/s: on the AMD EPYC VM this was
 //   the slow mode of whole runs, 1 MiB all-reduce ~700 us against ~120 on one L3; streamed, 170 us. On one

@@ -11,8 +11,8 @@
 //      the ranks do not all start on one peer's pages), then signals again; no rank returns, so none
 //      lets its caller change its input, before every peer has read it.
 // A block of 8 MiB and more also publishes in step 1 whether the input lies on huge pages (below).
-// Which blocks (shm_single_copy.h): below kSingleCopyMinBytes (64 KiB) one staged slice is as fast and needs
-// one synchronisation; from kSingleCopyEndBytes (8 MiB) on, two ranks' staged all-gather, whose output
+// Which blocks (select.h's kCpuThresholds): below single_copy_min_bytes (64 KiB) one staged slice is as fast and needs
+// one synchronisation; from single_copy_end_bytes (8 MiB) on, two ranks' staged all-gather, whose output
 // (twice the block, both ranks' together past a 32 MiB L3) it writes with streaming stores, beats the
 // kernel's copy, which writes the output with plain stores and runs at about 60% of a memcpy here,
 // unless the peers' inputs lie on huge pages: the kernel's copy pins every page it reads, and on 2 MiB
@@ -78,7 +78,7 @@ bool on_huge_pages(const void* p, size_t bytes) {
   const uint64_t begin = reinterpret_cast<uint64_t>(p) & ~(page - 1);
   const uint64_t end = (reinterpret_cast<uint64_t>(p) + bytes + page - 1) & ~(page - 1);
   // Bytes on small pages tolerated: an allocation's ragged ends, where a 2 MiB page would reach past it
-  // (up to 2 MiB of a block of 8 MiB, kSingleCopyEndBytes, that does not start on a 2 MiB boundary).
+  // (up to 2 MiB of a block of 8 MiB, single_copy_end_bytes, that does not start on a 2 MiB boundary).
   const uint64_t allowed = (end - begin) / 3;
   // The ranges NOT on huge pages (the category inverted), the walk stopping once more than `allowed` is
   // found: for 32 MiB about 10 us on huge pages and 40 on small ones (AMD VM), against a call of ~8 ms.
@@ -129,9 +129,9 @@ void ShmComm::read_peer(int q, void* dst, uint64_t src, size_t bytes) {
   }
 }
 
-bool ShmComm::all_gather_single_copy(const char* in, char* out, size_t count, size_t es) {
+bool ShmComm::all_gather_single_copy(const char* in, char* out, size_t count, size_t es, bool huge_pages_only) {
   const size_t block = count * es;
-  const bool large = block >= kSingleCopyEndBytes;  // read directly only if on huge pages everywhere
+  const bool large = huge_pages_only;  // the plan's: read directly only if on huge pages everywhere
   const uint64_t k = begin_slice();
   Control* me = control(rank_);
   me->xaddr.store(reinterpret_cast<uint64_t>(in), std::memory_order_relaxed);

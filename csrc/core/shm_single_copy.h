@@ -5,11 +5,10 @@
 
 namespace ringzero {
 
-// The blocks (bytes per rank) that an all-gather reads straight from its peers: from kSingleCopyMinBytes
-// up to, not including, kSingleCopyEndBytes, where two ranks' staged all-gather takes over with streaming
-// stores for its output, unless every rank's input lies on huge pages (the Note says why each).
-constexpr size_t kSingleCopyMinBytes = 64 << 10;
-constexpr size_t kSingleCopyEndBytes = 8 << 20;
+// The blocks (bytes per rank) that an all-gather reads straight from its peers are the selector's
+// (select.h): from single_copy_min_bytes up to, not including, single_copy_end_bytes, where two ranks'
+// staged all-gather takes over with streaming stores for its output, unless every rank's input lies on huge
+// pages (the Note says why each).
 
 // Whether [p, p + bytes) of this process lies on huge pages (transparent or hugetlb), all but at most a
 // third of it (its ragged ends): asked of the kernel's page tables (PAGEMAP_SCAN on /proc/self/pagemap, Linux 6.7+);

@@ -16,7 +16,8 @@
 //
 // Which path: the input must lie in a live window of this process whose ranks are this communicator's
 // processes in its order (ShmWindow::pids: any door's communicator of the same group qualifies), the
-// all-reduce must be in place, and the input must reach kRegisteredMinBytes. All of that is the same on
+// all-reduce must be in place, and the input must reach the selector's registered_min_bytes (select.h's
+// window_wanted; the all-reduce only where Auto would take the two-shot). All of that is the same on
 // every rank when every rank passes its tensor of one allocation, at the same offset; a rank that passes a
 // plain tensor where a peer passes a registered one calls another kind of collective, and the fingerprint
 // check raises CollectiveMismatchError on every rank (the message says what the _registered kinds are).
@@ -37,8 +38,6 @@
 
 namespace ringzero {
 namespace {
-// The registered reduce-scatter's piece when it streams its output: small enough to stay in L1/L2.
-constexpr size_t kReducePieceBytes = 32 << 10;
 std::mutex g_windows_mutex;
 std::vector<std::weak_ptr<ShmWindow>> g_windows;  // every window made in this process, pruned as they go
 std::atomic<int> g_live{0};
@@ -133,9 +132,8 @@ std::shared_ptr<ShmWindow> ShmComm::create_window(size_t bytes) {
   return w;
 }
 
-std::shared_ptr<ShmWindow> ShmComm::registered(const void* p, size_t bytes, CollectiveKind kind,
-                                               size_t min_bytes) const {
-  if (nranks_ == 1 || bytes < min_bytes) return nullptr;
+std::shared_ptr<ShmWindow> ShmComm::registered(const void* p, size_t bytes, CollectiveKind kind) const {
+  if (nranks_ == 1) return nullptr;
   std::shared_ptr<ShmWindow> w = ShmWindow::find(p, bytes);
   if (!w) return nullptr;
   bool ours = w->nranks() == nranks_ && w->rank() == rank_;
@@ -177,94 +175,6 @@ void ShmComm::finish_registered() {
   end_slice(current_slice_);
   signal();
   wait_all(phase_);  // no rank returns while a peer may still read its tensor
-}
-
-// Per rank: copies nranks blocks (its own and each peer's, straight from the peer's region); two
-// synchronisations.
-void ShmComm::all_gather_registered(const ShmWindow& w, const char* in, char* out, size_t count, DType dtype) {
-  OpGuard guard(this, CollectiveKind::AllGatherRegistered, dtype, ReduceOp::Sum, static_cast<int>(w.id()), count);
-  const size_t es = dtype_size(dtype), block = count * es;
-  auto copy = block >= kStreamGatherBytes ? copy_streaming : copy_cached;  // an output past the last-level cache
-  start_registered(w, in);
-  const size_t offset = static_cast<size_t>(in - w.region(rank_));
-  for (int i = 0; i < nranks_; ++i) {  // from its own block up, so that the ranks start on different peers
-    const int q = (rank_ + i) % nranks_;
-    char* dst = out + q * block;
-    const char* src = w.region(q) + offset;
-    if (dst != src) copy(dst, src, block);
-  }
-  finish_registered();
-}
-
-// Per rank: dequantizes every local rank's rows straight from its region into their places in `out`; two
-// synchronisations, as the registered all-gather (the fingerprint is that of an all-gather of the bytes).
-bool ShmComm::all_gather_dequantize(const void* in, size_t rows, size_t row_bytes, size_t n, int bits, size_t block,
-                                    const int64_t* order, float* out) {
-  const size_t bytes = rows * row_bytes;
-  std::shared_ptr<ShmWindow> w = nranks_ > 1 ? registered(in, bytes, CollectiveKind::AllGather, 0) : nullptr;
-  if (!w) return false;
-  OpGuard guard(this, CollectiveKind::AllGatherRegistered, DType::U8, ReduceOp::Sum, static_cast<int>(w->id()), bytes);
-  const char* mine = static_cast<const char*>(in);
-  start_registered(*w, mine);
-  const size_t offset = static_cast<size_t>(mine - w->region(rank_));
-  const size_t nblk = (n + block - 1) / block, qbytes = nblk * block * static_cast<size_t>(bits) / 8;
-  for (int i = 0; i < nranks_; ++i) {  // from its own rows up, so that the ranks start on different peers
-    const int q = (rank_ + i) % nranks_;
-    for (size_t j = 0; j < rows; ++j) {
-      const uint8_t* row = reinterpret_cast<const uint8_t*>(w->region(q) + offset + j * row_bytes);
-      dequantize_blocks(row, reinterpret_cast<const float*>(row + qbytes), n, bits, block,
-                        out + static_cast<size_t>(order[static_cast<size_t>(q) * rows + j]) * n);
-    }
-  }
-  finish_registered();
-  return true;
-}
-
-// Per rank: reads block `rank` of every input (nranks * count elements) and writes count; two
-// synchronisations. `out` may be this rank's own block of its input.
-void ShmComm::reduce_scatter_registered(const ShmWindow& w, const char* in, char* out, size_t count, DType dtype,
-                                        ReduceOp op) {
-  OpGuard guard(this, CollectiveKind::ReduceScatterRegistered, dtype, op, static_cast<int>(w.id()), count);
-  const size_t es = dtype_size(dtype);
-  const Prepared p = prepare(op, nranks_);
-  start_registered(w, in);
-  const size_t offset = static_cast<size_t>(in - w.region(rank_)) + rank_ * count * es;
-  if (count * es < kStreamGatherBytes) {
-    for (int q = 0; q < nranks_; ++q) srcs_[q] = w.region(q) + offset;
-    reduce_n(out, srcs_.data(), nranks_, count, dtype, p.op, p.divisor);
-  } else {  // an output past the last-level cache: reduced in pieces that stay in this core's cache, each
-            // then written out with streaming stores (no read of the output's lines before they are written)
-    alignas(64) static thread_local char piece[kReducePieceBytes];
-    const size_t per = kReducePieceBytes / es;
-    for (size_t at = 0; at < count; at += per) {
-      const size_t n = std::min(per, count - at);
-      for (int q = 0; q < nranks_; ++q) srcs_[q] = w.region(q) + offset + at * es;
-      reduce_n(piece, srcs_.data(), nranks_, n, dtype, p.op, p.divisor);
-      copy_streaming(out + at * es, piece, n * es);
-    }
-  }
-  finish_registered();
-}
-
-// In place. Per rank: reads chunk `rank` of every tensor and writes it (count / nranks each), then copies
-// the other chunks from their owners; three synchronisations.
-void ShmComm::all_reduce_registered(const ShmWindow& w, char* x, size_t count, DType dtype, ReduceOp op) {
-  OpGuard guard(this, CollectiveKind::AllReduceRegistered, dtype, op, static_cast<int>(w.id()), count);
-  const size_t es = dtype_size(dtype);
-  const Prepared p = prepare(op, nranks_);
-  start_registered(w, x);
-  const size_t offset = static_cast<size_t>(x - w.region(rank_));
-  const Range mine = chunk_range(count, nranks_, rank_, es);
-  for (int q = 0; q < nranks_; ++q) srcs_[q] = w.region(q) + offset + mine.offset * es;
-  reduce_n(x + mine.offset * es, srcs_.data(), nranks_, mine.count, dtype, p.op, p.divisor);
-  signal();
-  wait_all(phase_);
-  for (int i = 1; i < nranks_; ++i) {
-    const int q = (rank_ + i) % nranks_;
-    const Range c = chunk_range(count, nranks_, q, es);
-    std::memcpy(x + c.offset * es, w.region(q) + offset + c.offset * es, c.count * es);
-  }
-  finish_registered();
 }
 
 }  // namespace ringzero

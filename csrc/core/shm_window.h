@@ -9,10 +9,8 @@
 
 namespace ringzero {
 
-// A collective takes a registered tensor straight from the window from this many bytes of input on (the
-// all-gather's block, the reduce-scatter's whole input, the all-reduce's tensor); below, one staged slice
-// needs one synchronisation where the direct path needs two or three (the Note says what was measured).
-constexpr size_t kRegisteredMinBytes = 64 << 10;
+// From how many bytes a collective takes a registered tensor straight from the window is the selector's
+// (select.h: registered_min_bytes, window_wanted).
 
 // One allocation of ringzero.empty: one shared-memory segment holding a region per local rank of a
 // communicator, mapped by every one of them. Lives while any of this process's tensors on it does.

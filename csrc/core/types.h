@@ -15,11 +15,20 @@ constexpr int kNumDTypes = 8;
 enum class ReduceOp : int32_t { Sum = 0, Avg = 1, Min = 2, Max = 3, Prod = 4 };
 constexpr int kNumReduceOps = 5;
 
-// The shared-memory all-reduce schedules (csrc/core/shm_comm.h); cuda::Algo (csrc/cuda/peer_types.h)
-// has the same values, tied by static_asserts in csrc/torch/enum_bindings.cpp. Names are the values
-// of RINGZERO_ALLREDUCE_ALGO.
-enum class AllReduceAlgo : int32_t { Auto = 0, OneShot = 1, TwoShot = 2, Ring = 3 };
-constexpr int kNumAllReduceAlgos = 4;
+// The shared-memory all-reduce algorithms, the one list: (enum name, name as RINGZERO_ALLREDUCE_ALGO and
+// _C.cpu_all_reduce_algorithms() give it, the function of csrc/core that runs it, one file each). Auto (0)
+// is the selector's choice (csrc/core/select.h); the others follow in list order. CPU values only: the
+// CUDA path maps a choice to cuda::Algo by name (csrc/torch/cuda_algo.h), so a CPU-only algorithm needs no
+// CUDA value.
+#define RINGZERO_CPU_ALL_REDUCE_ALGOS(X)     \
+  X(OneShot, "oneshot", all_reduce_one_shot) \
+  X(TwoShot, "twoshot", all_reduce_two_shot) \
+  X(Ring, "ring", all_reduce_ring)
+#define RINGZERO_ALGO_ENUM_(value, name, fn) value,
+#define RINGZERO_ALGO_NAME_(value, name, fn) name,
+enum class AllReduceAlgo : int32_t { Auto = 0, RINGZERO_CPU_ALL_REDUCE_ALGOS(RINGZERO_ALGO_ENUM_) };
+inline constexpr const char* kAllReduceAlgoNames[] = {"auto", RINGZERO_CPU_ALL_REDUCE_ALGOS(RINGZERO_ALGO_NAME_)};
+constexpr int kNumAllReduceAlgos = static_cast<int>(sizeof(kAllReduceAlgoNames) / sizeof(kAllReduceAlgoNames[0]));
 
 // What a rank called: carried in fingerprints (shared memory, and the network paths with
 // RINGZERO_DEBUG=1) so that ranks calling different collectives are told apart, and named in errors.
@@ -56,9 +65,8 @@ inline const char* op_name(ReduceOp op) {
 }
 
 inline const char* algo_name(AllReduceAlgo algo) {
-  static const char* names[] = {"auto", "oneshot", "twoshot", "ring"};
   int i = static_cast<int>(algo);
-  return (i >= 0 && i < kNumAllReduceAlgos) ? names[i] : "unknown";
+  return (i >= 0 && i < kNumAllReduceAlgos) ? kAllReduceAlgoNames[i] : "unknown";
 }
 
 inline const char* collective_name(CollectiveKind kind) {

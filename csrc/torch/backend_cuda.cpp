@@ -23,15 +23,10 @@ std::shared_ptr<CudaLane> make_cuda_lane(CudaPeers, int) {
 
 #include "backend_work.h"
 #include "cuda/peer_comm.h"
+#include "cuda_algo.h"
 
 namespace ringzero {
 namespace {
-
-static_assert(static_cast<int>(cuda::Algo::Ring) == static_cast<int>(AllReduceAlgo::Ring) &&
-                  static_cast<int>(cuda::Algo::TwoShot) == static_cast<int>(AllReduceAlgo::TwoShot) &&
-                  static_cast<int>(cuda::Algo::OneShot) == static_cast<int>(AllReduceAlgo::OneShot) &&
-                  static_cast<int>(cuda::Algo::Auto) == static_cast<int>(AllReduceAlgo::Auto),
-              "AllReduceAlgo and cuda::Algo share their codes (RINGZERO_ALLREDUCE_ALGO picks both)");
 
 void cuda_ok(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw CommError(std::string("ringzero CUDA backend: ") + what + ": " + cudaGetErrorString(e));
@@ -61,7 +56,7 @@ class LaneCollectives : public CudaComm {
   LaneCollectives(at::Device device, c10::cuda::CUDAStream stream) : device_(device), stream_(stream) {}
 
   void all_reduce(const void* in, void* out, size_t count, DType dtype, ReduceOp op, AllReduceAlgo algo) override {
-    run(cuda::Coll::AllReduce, in, out, count, dtype, op, static_cast<cuda::Algo>(algo));
+    run(cuda::Coll::AllReduce, in, out, count, dtype, op, cuda_algo_of(algo));
   }
   void reduce_scatter(const void* in, void* out, size_t count, DType dtype, ReduceOp op) override {
     run(cuda::Coll::ReduceScatter, in, out, count, dtype, op, cuda::Algo::Auto);

@@ -34,6 +34,7 @@ void dequantize_blocks_cuda(const at::Tensor&, const at::Tensor& out, int64_t, i
 
 #include "backend_cuda.h"
 #include "core/errors.h"
+#include "cuda_algo.h"
 
 namespace ringzero {
 HostsEngine hosts_engine_of(py::object engine);  // backend_bindings.cpp
@@ -211,7 +212,7 @@ struct SimRanks {
     }
     c10::cuda::CUDAGuard guard(ins[0].device());
     cudaStream_t s = stream_of(ins[0]);
-    nogil([&] { world->run(coll, ip, op_, count, d, op_of(op), static_cast<cuda::Algo>(algo), s); });
+    nogil([&] { world->run(coll, ip, op_, count, d, op_of(op), cuda_algo_of(algo), s); });
   }
 };
 
@@ -317,7 +318,7 @@ void bind_cuda(py::module_& m) {
         const size_t count = coll_count(k, in, out, c.nranks());
         c10::cuda::CUDAGuard guard(in.device());
         cudaStream_t s = stream_of(in);
-        nogil([&] { c.run(k, in.data_ptr(), out.data_ptr(), count, d, op_of(op), static_cast<cuda::Algo>(algo), s); });
+        nogil([&] { c.run(k, in.data_ptr(), out.data_ptr(), count, d, op_of(op), cuda_algo_of(algo), s); });
       }, py::arg("coll"), py::arg("input"), py::arg("output"), py::arg("op"), py::arg("algo"),
       "coll 0 all-reduce, 1 reduce-scatter, 2 all-gather, on the current stream")
       .def("all_to_all", [](cuda::PeerComm& c, at::Tensor in, at::Tensor out, at::Tensor send_counts) {

@@ -7,6 +7,7 @@
 #include "dtype_map.h"
 #include "core/reduce.h"
 #include "core/shm_comm.h"
+#include "core/shm_quantized.h"
 #include "core/shm_single_copy.h"
 #include "core/shm_placement.h"
 #include "core/shm_window.h"
@@ -317,7 +318,7 @@ PYBIND11_MODULE(_C, m) {
                seen[static_cast<size_t>(o[k])] = true;
              }
              py::gil_scoped_release nogil;
-             return c.all_gather_dequantize(in.data_ptr(), rows, row_bytes, n, bits, block, o, out.data_ptr<float>());
+             return all_gather_dequantize(c, in.data_ptr(), rows, row_bytes, n, bits, block, o, out.data_ptr<float>());
            })
       .def("all_gather_v",
            [](ShmComm& c, at::Tensor in, at::Tensor out, std::vector<size_t> counts) {

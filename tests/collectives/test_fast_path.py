@@ -123,7 +123,7 @@ def test_direct_entry_refuses_without_synchronising(world):
 
 
 def _large_all_gather(rank, world):
-    """Two-rank all-gathers of 8 MiB and more per rank (kSingleCopyEndBytes) run a cache-placement probe after their first slice
+    """Two-rank all-gathers of 8 MiB and more per rank (the selector's single_copy_end_bytes) run a cache-placement probe after their first slice
     and may stage the rest with streaming stores (csrc/core/shm_placement.cpp, [Note: where the host runs the
     ranks' cores]): whichever way the probe decides, the result must equal the known integers, in place
     (input = this rank's block of the output) or not, blocking or async; each such call runs exactly one

@@ -22,11 +22,12 @@ import torch
 import torch.distributed as dist
 
 import ringzero
+from ringzero import _C
 from harness import run_ranks
 from ringzero.comm.communicator import get_communicator
 
-MIN = 64 << 10  # kRegisteredMinBytes (csrc/core/shm_window.h)
-ONE_SHOT_MAX = 64 << 10  # the all-reduce's one-shot limit (ShmComm::choose_all_reduce)
+MIN = _C.CPU_THRESHOLDS["registered_min_bytes"]  # the selector's (csrc/core/select.h)
+ONE_SHOT_MAX = _C.CPU_THRESHOLDS["one_shot_max_bytes"]  # the all-reduce's one-shot limit
 
 
 def values(rank: int, count: int, dtype, generation: int = 0) -> torch.Tensor:

@@ -29,7 +29,7 @@ from harness import run_ranks
 from ringzero import _C
 from ringzero.comm.communicator import get_communicator
 
-MIN, END = 64 << 10, 8 << 20  # kSingleCopyMinBytes, kSingleCopyEndBytes (csrc/core/shm_single_copy.h)
+MIN, END = _C.CPU_THRESHOLDS["single_copy_min_bytes"], _C.CPU_THRESHOLDS["single_copy_end_bytes"]  # csrc/core/select.h
 
 
 def refuse_process_vm_readv():

@@ -159,7 +159,8 @@ static void test_collectives() {
           std::vector<char> in(count * es + 1), out(count * es + 1);
           for (size_t i = 0; i < count; ++i) put(in.data(), i, t, mine(i));
           for (ReduceOp op : kOps) {
-            for (AllReduceAlgo a : {AllReduceAlgo::OneShot, AllReduceAlgo::TwoShot, AllReduceAlgo::Ring}) {
+            for (int ai = 1; ai < kNumAllReduceAlgos; ++ai) {  // every CPU algorithm (RINGZERO_CPU_ALL_REDUCE_ALGOS)
+              const AllReduceAlgo a = static_cast<AllReduceAlgo>(ai);
               std::vector<char> buf = in;  // in place
               c.all_reduce(buf.data(), buf.data(), count, t, op, a);
               check_buffer("all_reduce", buf, count, t, [&](size_t i) { return reference(op, n, i, t); }, rank);
@@ -300,7 +301,7 @@ static void test_p2p() {
 }
 
 // The single-copy all-gather ([Note: single copy between a host's ranks], csrc/core/shm_single_copy.cpp)
-// against the same reference: blocks just under, at and over kSingleCopyMinBytes (the first runs staged,
+// against the same reference: blocks just under, at and over kCpuThresholds.single_copy_min_bytes (the first runs staged,
 // the others single-copy), a prime count several times the threshold, in place and not, worlds 1-5;
 // then with single copy turned off on every rank, and on rank 0 alone (its vote turns it off everywhere:
 // staged throughout, never a rank staging while its peers read directly), and a mismatch between a
@@ -314,7 +315,7 @@ static void test_single_copy() {
         c.set_single_copy(allowed);
         CHECK(c.single_copy() == 0, "rank %d: single_copy() before any call is %d", rank, c.single_copy());
         for (DType t : {DType::F32, DType::BF16, DType::I64}) {
-          const size_t es = dtype_size(t), at = kSingleCopyMinBytes / es;
+          const size_t es = dtype_size(t), at = kCpuThresholds.single_copy_min_bytes / es;
           for (size_t count : {at - 1, at, 3 * at + 7, size_t(1000003)}) {
             for (bool in_place : {false, true}) {
               std::vector<char> out(n * count * es + 1, 0x5a);
@@ -335,7 +336,7 @@ static void test_single_copy() {
     }
   }
   run_ranks(2, 4096, 10, [&](int rank, ShmComm& c) {
-    const size_t big = kSingleCopyMinBytes / 4, count = rank == 0 ? big : 16;
+    const size_t big = kCpuThresholds.single_copy_min_bytes / 4, count = rank == 0 ? big : 16;
     std::vector<float> in(count, 1.0f), out(2 * big);
     bool raised = false;
     try {
@@ -367,21 +368,21 @@ struct Mapping {
   char* data;
 };
 
-// A block of kSingleCopyEndBytes (8 MiB) and more is read directly only when every rank's input lies on
+// A block of kCpuThresholds.single_copy_end_bytes (8 MiB) and more is read directly only when every rank's input lies on
 // huge pages (on_huge_pages, csrc/core/shm_single_copy.cpp), else staged on every rank: worlds 2 and 3, every
 // rank's input on huge pages, every one on small pages, and the last rank's alone on small pages; blocks of
 // 8 MiB and a prime count past it (not on a 2 MiB boundary after the first), in place and not. Values distinct
 // in every element and rank (int32: exact); single_copy_calls() tells which path ran. Where this kernel cannot
 // tell huge pages (PAGEMAP_SCAN, Linux 6.7+; THP off), it says so and every case must have staged.
 static void test_single_copy_huge_pages() {
-  const size_t end = kSingleCopyEndBytes / 4;
+  const size_t end = kCpuThresholds.single_copy_end_bytes / 4;
   bool tells = false;
   {
-    Mapping huge(kSingleCopyEndBytes, true), small(kSingleCopyEndBytes, false);
-    tells = on_huge_pages(huge.data, kSingleCopyEndBytes);
-    CHECK(!on_huge_pages(small.data, kSingleCopyEndBytes), "8 MiB advised against huge pages passed as huge");
+    Mapping huge(kCpuThresholds.single_copy_end_bytes, true), small(kCpuThresholds.single_copy_end_bytes, false);
+    tells = on_huge_pages(huge.data, kCpuThresholds.single_copy_end_bytes);
+    CHECK(!on_huge_pages(small.data, kCpuThresholds.single_copy_end_bytes), "8 MiB advised against huge pages passed as huge");
     CHECK(!on_huge_pages(small.data + 4096, 3 << 20), "3 MiB on small pages passed as huge");
-    if (tells) CHECK(on_huge_pages(huge.data + 12345, kSingleCopyEndBytes - 20000), "an unaligned piece of huge pages failed");
+    if (tells) CHECK(on_huge_pages(huge.data + 12345, kCpuThresholds.single_copy_end_bytes - 20000), "an unaligned piece of huge pages failed");
   }
   // A kernel that has PAGEMAP_SCAN (6.7+) and transparent huge pages on must tell (else the cases below would
   // pass with every one staged, whatever on_huge_pages does).

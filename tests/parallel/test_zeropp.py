@@ -254,7 +254,8 @@ def test_hpz_is_bitwise_plain_zero3_and_keeps_backward_in_the_host(hosts):
 
 
 def test_qw_fused_host_step_is_the_unfused_one_bit_for_bit():
-    """qw's host step dequantizes straight from the peers' registered rows (comm.all_gather_dequantize);
+    """qw's host step dequantizes straight from the peers' registered rows (comm.all_gather_dequantize over
+    csrc/core/shm_quantized.cpp);
     with the buffers unregistered (RINGZERO_REGISTER_BUFFERS=0) it gathers the int8 rows, then dequantizes:
     the trainings must be the same to the last bit. Hosts a,a,b,b: the two-step gather's rows arrive as group
     ranks 0, 2, 1, 3, so a row written to its arrival place instead of its rank's differs (a planted bug of that

@@ -82,7 +82,7 @@ class Config:
 
     @property
     def algo_code(self) -> int:
-        """allreduce_algo as the C++ AllReduceAlgo value (also cuda::Algo's)."""
+        """allreduce_algo as the C++ AllReduceAlgo value (the CUDA path maps it to cuda::Algo by name)."""
         return _C.ALL_REDUCE_ALGOS[self.allreduce_algo]
 
     def peer_config(self, timeout_s: float | None = None) -> dict:

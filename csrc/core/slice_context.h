@@ -1,0 +1,117 @@
+// The slice context (internal to csrc/core): what an algorithm written as a free function may use of its
+// communicator, so that each algorithm is one file over run_slices (as csrc/cuda's are over their launch)
+// rather than a private member of ShmComm. The slot protocol stays ShmComm's ([Note: the slot protocol],
+// shm_slots.h); this only names the steps an algorithm takes.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "select.h"
+#include "shm_comm.h"
+#include "shm_placement.h"
+#include "shm_slots.h"
+
+namespace ringzero {
+
+class SliceContext {
+ public:
+  using Slice = ShmComm::Slice;
+  using OpGuard = ShmComm::OpGuard;
+  static constexpr int kWaitAll = ShmComm::kWaitAll;
+  static constexpr int kWaitNone = ShmComm::kWaitNone;
+
+  explicit SliceContext(ShmComm& comm) : c_(comm) {}
+
+  ShmComm* comm() const { return &c_; }
+  int rank() const { return c_.rank_; }
+  int nranks() const { return c_.nranks_; }
+  size_t slot_bytes() const { return c_.slot_bytes_; }
+  // Local rank r's staging slot for slice counter k (parity k & 1).
+  char* slot(int r, uint64_t k) const { return c_.slot(r, k); }
+  // nranks source pointers for reduce_n (one collective runs at a time).
+  const void** srcs() const { return c_.srcs_.data(); }
+  // Phases this rank has signalled: wait_all() waits until every rank has signalled as many.
+  uint64_t phase() const { return c_.phase_; }
+
+  template <typename Stage, typename Meanwhile, typename Consume>
+  void run_slices(size_t count, size_t slice_elems, int wait_on, Stage stage, Meanwhile meanwhile, Consume consume) {
+    c_.run_slices(count, slice_elems, wait_on, stage, meanwhile, consume);
+  }
+  void signal() { c_.signal(); }
+  void wait_all() { c_.wait_all(c_.phase_); }
+  void wait_one(int r, uint64_t phase) { c_.wait_one(r, phase); }
+
+  // This rank's slice of `in` into its slot, with the plan's copy.
+  void stage_input(const void* in, const Slice& sl, size_t es, CopyMode copy) {
+    (copy == CopyMode::Streaming ? copy_streaming : copy_cached)(
+        slot(rank(), sl.k), static_cast<const char*>(in) + sl.offset * es, sl.count * es);
+  }
+  // At the first slice's consume step: the placement re-probe of a call that may stream its staging
+  // (ShmComm::reprobe_staging); may change `copy` for this call's later slices.
+  void reprobe_staging(const Slice& sl, size_t bytes, CopyMode& copy) {
+    bool stream = copy == CopyMode::Streaming;
+    c_.reprobe_staging(sl, bytes, stream);
+    copy = stream ? CopyMode::Streaming : CopyMode::Cached;
+  }
+
+  // Registered memory ([Note: registered tensors], shm_window.cpp): the window of this communicator
+  // holding [p, p + bytes) (nullptr if none; InvalidArgument for another group's), and the registered
+  // collectives' first and last synchronisations.
+  std::shared_ptr<ShmWindow> window(const void* p, size_t bytes, CollectiveKind kind) const {
+    return c_.registered(p, bytes, kind);
+  }
+  void start_registered(const ShmWindow& w, const char* in) { c_.start_registered(w, in); }
+  void finish_registered() { c_.finish_registered(); }
+  // The placement probe ([Note: where the host runs the ranks' cores]): both ranks at the same point.
+  bool peer_on_other_cache(int peer) { return c_.peer_on_other_cache(peer); }
+
+ private:
+  ShmComm& c_;
+};
+
+// The CPU all-reduce algorithms, one file each (allreduce_*.cpp), as RINGZERO_CPU_ALL_REDUCE_ALGOS lists
+// them: `in` may equal `out`; the stage copy and the re-probe as select_plan made them.
+struct AllReduceArgs {
+  const void* in;
+  void* out;
+  size_t count;
+  DType dtype;
+  ReduceOp op;
+  CopyMode stage;  // how the slots are filled (the re-probe may change it for later slices)
+  bool reprobe;    // the first slice's consume step re-probes the placement (every rank alike)
+};
+// The staged all-reduces' skeleton: every rank stages its slice of `in` (the plan's copy), then at the
+// first slice's consume step re-probes where the plan says, then runs `consume(slice)`.
+template <typename Consume>
+void run_staged_all_reduce(SliceContext& ctx, const AllReduceArgs& a, Consume consume) {
+  const size_t es = dtype_size(a.dtype);
+  CopyMode stage = a.stage;
+  ctx.run_slices(
+      a.count, ctx.slot_bytes() / es, SliceContext::kWaitAll,
+      [&](const SliceContext::Slice& sl) { ctx.stage_input(a.in, sl, es, stage); },
+      [](const SliceContext::Slice&) {},
+      [&](const SliceContext::Slice& sl) {
+        if (a.reprobe) ctx.reprobe_staging(sl, a.count * es, stage);
+        consume(sl);
+      });
+}
+
+#define RINGZERO_DECLARE_ALGO_(value, name, fn) void fn(SliceContext& ctx, const AllReduceArgs& a);
+RINGZERO_CPU_ALL_REDUCE_ALGOS(RINGZERO_DECLARE_ALGO_)
+#undef RINGZERO_DECLARE_ALGO_
+
+// The registered all-reduce (in place, straight from the peers' regions of `w`).
+void all_reduce_registered(SliceContext& ctx, const ShmWindow& w, char* x, size_t count, DType dtype, ReduceOp op);
+
+// The reduce-scatter's (reduce_scatter.cpp) and the all-gather's (all_gather.cpp): staged, and registered.
+void reduce_scatter_staged(SliceContext& ctx, const char* input, char* out, size_t count_per_rank, DType dtype,
+                           ReduceOp op, CopyMode stage);
+void reduce_scatter_registered(SliceContext& ctx, const ShmWindow& w, const char* in, char* out, size_t count,
+                               DType dtype, ReduceOp op, CopyMode out_copy);
+void all_gather_staged(SliceContext& ctx, const char* input, char* output, size_t count, DType dtype,
+                       const CpuPlan& plan);
+void all_gather_registered(SliceContext& ctx, const ShmWindow& w, const char* in, char* out, size_t count, DType dtype,
+                           CopyMode out_copy);
+
+}  // namespace ringzero
