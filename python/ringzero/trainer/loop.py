@@ -13,10 +13,10 @@ from ..data import corpus_info, stdlib_corpus
 from ..parallel.layout import Layout
 from ..parallel.pipeline.transport import choose_transport
 from . import device as devices
-from .estimate_check import estimate_for_run
+from .estimate_check import cpu_probe_for_run, estimate_for_run, predicted_step_for_run
 from .faults import maybe_fault, step_gate
 from .layout import BASELINES, layout_of
-from .metering import METERED_STEPS, PeakMemory
+from .metering import METERED_STEPS, PeakMemory, core_wait_s
 from .models import model_family
 from .registry import run_class
 from .run import RankEnv, Run, RunCheckpoint
@@ -47,7 +47,7 @@ def train_rank(args, run: str) -> dict:
     tensor memory (metering.py) and ringzero.estimate's prediction for the same layout."""
     env = rank_env(args, run)
     with PeakMemory(env.device) as peak:
-        summary, strategy_run = _train(args, run, env, stop_meter=peak.stop)
+        summary, strategy_run, probe = _train(args, run, env, stop_meter=peak.stop)
     stats = torch.tensor([peak.tensor_bytes, peak.rss_bytes], dtype=torch.float64)
     world = dist.get_world_size()
     table = torch.empty(world * 2, dtype=torch.float64)
@@ -56,6 +56,8 @@ def train_rank(args, run: str) -> dict:
     summary.update(peak_mib_per_rank=float(table[:, 0].max()), peak_mib_by_rank=table[:, 0].tolist(),
                    rss_mib_per_rank=float(table[:, 1].max()))
     summary.update(estimate_for_run(args, run, world, strategy_run.layers_per_stage))
+    summary.update(predicted_step_for_run(args, run, world, env.device.type, env.precision,
+                                          strategy_run.layers_per_stage, probe))
     return summary
 
 
@@ -95,7 +97,8 @@ def _save(args, run: str, layout: Layout, strategy_run: Run, step: int):
 
 
 def _train(args, run: str, env: RankEnv, stop_meter=lambda: None):
-    """The run itself: returns (summary without memory figures, the strategy's run object)."""
+    """The run itself: returns (summary without memory figures, the strategy's run object, the CpuProbe
+    sampled after each timed step or None: estimate_check.cpu_probe_for_run)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     if env.device.type == "cuda" and env.precision == "fp32":
         torch.set_float32_matmul_precision("highest")  # fp32 means float32 matmuls, not TF32
@@ -115,21 +118,35 @@ def _train(args, run: str, env: RankEnv, stop_meter=lambda: None):
         from tqdm import tqdm
 
         bar = tqdm(total=args.steps, initial=start, desc=run, unit="step", dynamic_ncols=True)
-    losses, vals, step_times = [], [], []
+    losses, vals, step_times, waits = [], [], [], []
     initial_val = strategy_run.val_loss(val_batches) if start == 0 else float("nan")
     comm0, a2a0 = ringzero.comm_seconds(), strategy_run.exchange_seconds()
     cuda = env.device.type == "cuda"
+    probe, want_probe = None, True
+    # At most CALIBRATION_REPEATS samples (about 30 ms each), spread over the timed steps: the rates of the
+    # run's own minutes, at a cost that does not grow with --steps.
+    from ..estimate.cpu_kind import CALIBRATION_REPEATS
+
+    probe_every = max(1, (args.steps - start - METERED_STEPS) // CALIBRATION_REPEATS)
     for step in range(start, args.steps):
         if step == start + METERED_STEPS:
             stop_meter()
         maybe_fault(step)
         step_gate(step)
         x, y = (t.to(env.device) for t in make_batch(train_data, args.batch, args.seq, args.seed, step))
-        t0 = time.perf_counter()
+        t0, w0 = time.perf_counter(), core_wait_s()
         loss = strategy_run.train_step(x, y, step)  # returns a host float: the step's GPU work is done
         if cuda:
             torch.cuda.synchronize(env.device)
         step_times.append(time.perf_counter() - t0)
+        waits.append(core_wait_s() - w0)
+        if want_probe and step >= start + METERED_STEPS and (step - start - METERED_STEPS) % probe_every == 0:
+            # made after the meter stopped: not the run's tensors
+            probe = probe or cpu_probe_for_run(args, run, world, env.device.type, env.precision)
+            want_probe = probe is not None
+            if probe is not None:
+                probe.sample()  # the rates of these minutes, outside the step's timing
+                want_probe = len(probe.samples) < CALIBRATION_REPEATS
         losses.append((step, loss))
         if (args.val_every and (step + 1) % args.val_every == 0) or step + 1 == args.steps:
             vals.append((step, strategy_run.val_loss(val_batches)))
@@ -147,8 +164,16 @@ def _train(args, run: str, env: RankEnv, stop_meter=lambda: None):
     comm_s = torch.tensor([ringzero.comm_seconds() - comm0, a2a1 - a2a0 if a2a1 is not None else 0.0],
                           dtype=torch.float64)
     ringzero.all_reduce(comm_s, op=ringzero.ReduceOp.MAX)
+    # [Note: a step's time on its cores] On a shared machine other processes take the ranks' cores for part
+    # of a step; a step waits for its slowest rank, so the step's time on its cores is its wall time less
+    # the longest wait of any rank for a core in that step. The step-time model predicts that.
+    waits_max = torch.tensor(waits, dtype=torch.float64)
+    ringzero.all_reduce(waits_max, op=ringzero.ReduceOp.MAX)
+    on_cores = [max(0.0, t - w) for t, w in zip(step_times, waits_max.tolist())]
     # The first step includes one-time setup; the metered ones pay for counting.
-    timed = step_times[METERED_STEPS:] or step_times[1:] or step_times
+    skip = METERED_STEPS if len(step_times) > METERED_STEPS else (1 if len(step_times) > 1 else 0)
+    timed = step_times[skip:]
+    timed_on_cores = sorted(on_cores[skip:])
     step_s = sum(timed) / max(1, len(timed))
     return {
         "strategy": run, "ranks": world, "steps": args.steps, "start_step": start,
@@ -163,9 +188,13 @@ def _train(args, run: str, env: RankEnv, stop_meter=lambda: None):
         "final_val_loss": vals[-1][1] if vals else float("nan"),
         "initial_val_loss": initial_val,
         "step_ms": step_s * 1e3, "tokens_per_s": args.batch * args.seq / step_s,
+        "step_ms_median": sorted(timed)[len(timed) // 2] * 1e3 if timed else float("nan"),
+        # The median step less its longest wait for a core: what the predicted step time is held to.
+        "step_ms_on_cores": timed_on_cores[len(timed_on_cores) // 2] * 1e3 if timed else float("nan"),
+        "core_wait_ms_each": [round(w * 1e3, 3) for w in waits_max.tolist()],
         "step_ms_each": [round(t * 1e3, 3) for t in step_times],  # every step, the first included
         # ringzero's collectives only: a torch row's own communication is not counted, so it shows none.
         "comm_s": None if run in BASELINES else float(comm_s[0]),
         "a2a_s": None if a2a1 is None else float(comm_s[1]),
         **strategy_run.summary(),
-    }, strategy_run
+    }, strategy_run, probe

@@ -17,6 +17,18 @@ METERED_STEPS = 3
 """Steps counted by the CPU meter (and left out of the step time on both devices)."""
 
 
+def core_wait_s() -> float:
+    """Seconds the calling thread has been runnable but off a core (Linux's schedstat run_delay: other
+    processes held the cores); 0.0 where the kernel does not report it. The step time's prediction is held
+    to the measured step less this wait (estimate_check.predicted_step_for_run, [Note: a step's time on
+    its cores] in trainer/loop.py)."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1]) * 1e-9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 def _rss_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
