@@ -197,10 +197,11 @@ if [ "$TORCH_CUDA" = 1 ]; then
     step "$L_BENCH" "4. CUDA benchmark" "$PY" benchmarks/bench_cuda.py --out "$RESULTS/bench_cuda_$STAMP.txt"
     step "$L_OPTIM" "4b. fused Adam benchmark against torch's fused AdamW" "$PY" benchmarks/optim.py --device cuda \
       --out "$RESULTS/optim_cuda_$STAMP.txt"
-    # The command a user runs: every row checks its result (#wrong); NCCL rows where each rank has a GPU.
+    # The command a user runs, every op (the all-to-all too): every row checks its result (#wrong); NCCL rows
+    # where each rank has a GPU.
     NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
     [ "${NGPU:-0}" -ge 2 ] || NGPU=2
-    RZB=(--device cuda --min-bytes 1K --max-bytes 64M --factor 4 --budget-s 0.05)
+    RZB=(--device cuda --ops all_reduce,reduce_scatter,all_gather,all_to_all --min-bytes 1K --max-bytes 64M --factor 4 --budget-s 0.05)
     step "$L_RZBENCH" "4c. ringzero bench --device cuda (4 simulated ranks; $NGPU processes)" bash -c \
       "set -o pipefail; '$PY' -m ringzero bench ${RZB[*]} --sim-ranks 4 | tee '$RESULTS/ringzero_bench_cuda_$STAMP.txt' && \
        '$PY' -m ringzero bench ${RZB[*]} --nproc $NGPU | tee -a '$RESULTS/ringzero_bench_cuda_$STAMP.txt'"
