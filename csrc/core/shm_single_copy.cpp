@@ -134,7 +134,7 @@ bool ShmComm::all_gather_single_copy(const char* in, char* out, size_t count, si
   const bool large = huge_pages_only;  // the plan's: read directly only if on huge pages everywhere
   const uint64_t k = begin_slice();
   Control* me = control(rank_);
-  me->xaddr.store(reinterpret_cast<uint64_t>(in), std::memory_order_relaxed);
+  me->xaddr[k & 1].store(reinterpret_cast<uint64_t>(in), std::memory_order_relaxed);
   if (large) me->xhuge.store(on_huge_pages(in, block) ? 1 : 0, std::memory_order_relaxed);
   publish_fingerprint(k);
   signal();
@@ -147,7 +147,7 @@ bool ShmComm::all_gather_single_copy(const char* in, char* out, size_t count, si
   check_fingerprints(k);
   if (single_copy_ == SingleCopy::Untested) {
     std::vector<uint64_t> inputs(nranks_);
-    for (int q = 0; q < nranks_; ++q) inputs[q] = control(q)->xaddr.load(std::memory_order_relaxed);
+    for (int q = 0; q < nranks_; ++q) inputs[q] = control(q)->xaddr[k & 1].load(std::memory_order_relaxed);
     if (!vote_single_copy(inputs, block)) {
       end_slice(k);
       return false;
@@ -165,7 +165,7 @@ bool ShmComm::all_gather_single_copy(const char* in, char* out, size_t count, si
   ++single_copy_calls_;
   for (int i = 1; i < nranks_; ++i) {
     const int q = (rank_ + i) % nranks_;
-    read_peer(q, out + q * block, control(q)->xaddr.load(std::memory_order_relaxed), block);
+    read_peer(q, out + q * block, control(q)->xaddr[k & 1].load(std::memory_order_relaxed), block);
   }
   end_slice(k);
   signal();

@@ -60,7 +60,7 @@ struct alignas(128) ShmComm::Control {
   std::atomic<int32_t> last_kind;     // and its kind (a CollectiveKind); both read only for messages
   std::atomic<uint32_t> sleepers;     // peers asleep (or about to be) on either word: they write this
   std::atomic<int32_t> away[2];       // 1 + the group ranks this rank waits on over the network (set_away), 0: none
-  std::atomic<uint64_t> xaddr;        // single copy: the address of this rank's input in its own process
+  std::atomic<uint64_t> xaddr[2];     // by slice parity: this rank's input's address (single copy), offset (registered)
   std::atomic<int32_t> xverdict;      // single copy's first probe: 1 this rank read every peer, 2 refused
   std::atomic<int32_t> xhuge;         // single copy of a large block: 1 this rank's input is on huge pages
   alignas(128) Fingerprint fp[2];     // by slice parity, like the slots; read when the hashes differ

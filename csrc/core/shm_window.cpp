@@ -112,13 +112,13 @@ std::shared_ptr<ShmWindow> ShmComm::create_window(size_t bytes) {
   }
   // Everyone has opened it (or failed, and says so) before rank 0 unlinks the name; every rank reads every
   // verdict before the last synchronisation, after which a peer may go on and reuse xaddr or the header.
-  control(rank_)->xaddr.store(failed.empty() ? 0 : 1, std::memory_order_relaxed);
+  control(rank_)->xaddr[k & 1].store(failed.empty() ? 0 : 1, std::memory_order_relaxed);
   signal();
   wait_all(phase_);
   if (rank_ == 0 && seg.data()) seg.unlink();
   int culprit = -1;
   for (int q = 0; q < nranks_ && culprit < 0; ++q)
-    if (control(q)->xaddr.load(std::memory_order_relaxed) != 0) culprit = q;
+    if (control(q)->xaddr[k & 1].load(std::memory_order_relaxed) != 0) culprit = q;
   end_slice(k);
   signal();
   wait_all(phase_);
@@ -152,13 +152,17 @@ std::shared_ptr<ShmWindow> ShmComm::registered(const void* p, size_t bytes, Coll
 void ShmComm::start_registered(const ShmWindow& w, const char* in) {
   const uint64_t offset = static_cast<uint64_t>(in - w.region(rank_));
   const uint64_t k = begin_slice();
-  control(rank_)->xaddr.store(offset, std::memory_order_relaxed);
+  // By slice parity, like the fingerprints: a rank that finds the mismatch first throws and may start its
+  // next collective (slice k + 1) while a slower peer still reads slice k's offsets. With one field it
+  // overwrote its offset, the peer saw equal offsets, ran the registered all-reduce alone and the group
+  // failed with a timeout instead of a CollectiveMismatch on every rank.
+  control(rank_)->xaddr[k & 1].store(offset, std::memory_order_relaxed);
   publish_fingerprint(k);
   signal();
   wait_all(phase_);
   check_fingerprints(k);
   for (int q = 0; q < nranks_; ++q) {
-    const uint64_t theirs = control(q)->xaddr.load(std::memory_order_relaxed);
+    const uint64_t theirs = control(q)->xaddr[k & 1].load(std::memory_order_relaxed);
     if (theirs == offset) continue;
     end_slice(k);
     throw CollectiveMismatchError(
