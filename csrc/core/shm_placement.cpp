@@ -27,9 +27,8 @@
 //   RINGZERO_BIND_CORES), as Open MPI does, and the spin decision counts the cpus of all the host's ranks
 //   (set_host_cpus), not one rank's own: the guest scheduler otherwise sometimes ran both on one vCPU.
 // _C.core_round_trip_ns tells the placements apart; ringzero bench and benchmarks/mpi_anchor.py record it
-// with every run. The measurements (2-core VM, 2026-11-25) are in benchmarks/RESULTS.md, "The
-// shared-memory collectives' measurements, moved out of the code"; the staging's (AMD EPYC VM, 2026-12-01)
-// in "The slow mode was the host's placement (issue 47)".
+// with every run. The measurements are in benchmarks/RESULTS.md, "The shared-memory collectives'
+// measurements, moved out of the code"; the staging's in "The slow mode was the host's placement (issue 47)".
 #include "shm_placement.h"
 
 #include <algorithm>
@@ -74,13 +73,12 @@ void copy_cached(void* dst, const void* src, size_t bytes) { std::memcpy(dst, sr
 //
 // The fastest of many trips, because the placements differ in their floors: on the AMD EPYC VM the
 // fastest trip was 60-150 ns on one L3 and 300-500 on two; on the Intel Xeon VM (one L3, where streamed
-// staging is slower: a 1 MiB all-reduce 263-296 us always streamed against 165-195 never, 2026-12-02) the
-// fastest of 8 trips read 176-271 ns, so the first threshold, 220 ns, called one probe in five "two L3s"
-// and its calls streamed. More trips bring each placement's fastest trip nearer its floor, and the
-// threshold sits between the floors; on that VM the fastest of 16 still read over 280 ns in 3-4 probes of
-// 94, so the verdict (this rank's own) changes only when two probes in a row agree: a misread probe
-// changes nothing, and a real move of the vCPUs is followed one probe later (benchmarks/RESULTS.md,
-// issue 47, 2026-12-02).
+// staging is slower) the fastest of 8 trips read up to 271 ns, so the first threshold, 220 ns, called one
+// probe in five "two L3s" and its calls streamed. More trips bring each placement's fastest trip nearer
+// its floor, and the threshold sits between the floors; on that VM the fastest of 16 still read over
+// 280 ns in a few probes of a hundred, so the verdict (this rank's own) changes only when two probes in a
+// row agree: a misread probe changes nothing, and a real move of the vCPUs is followed one probe later
+// (benchmarks/RESULTS.md, "the placement probe misread the Intel VM").
 bool ShmComm::peer_on_other_cache(int peer) {
   constexpr int kProbeTrips = 16;
   constexpr double kSplitCacheNs = 280;    // fastest trip: see above

@@ -16,20 +16,17 @@
 // (twice the block, both ranks' together past a 32 MiB L3) it writes with streaming stores, beats the
 // kernel's copy, which writes the output with plain stores and runs at about 60% of a memcpy here,
 // unless the peers' inputs lie on huge pages: the kernel's copy pins every page it reads, and on 2 MiB
-// pages it ran far faster (benchmarks/all_gather_model.c on the AMD VM, 2026-12-03, a 64 MiB output: the
-// kernel copy 11.4-12.2 ms on 4 KiB pages, 7.1-7.3 on huge pages, the staged form 8.0-8.6). So a block of
+// pages it ran far faster than the staged form (benchmarks/all_gather_model.c; the numbers are in
+// benchmarks/RESULTS.md, "Measurements moved out of code comments"). So a block of
 // 8 MiB and more is read directly when every rank's input lies on huge pages (on_huge_pages: all but a
 // third, an allocation's ragged ends; each rank asks the kernel's page tables of its own input, 10-40 us
 // for 32 MiB, publishes the answer with its address, and all read all answers, so every rank takes the
 // same path), with the own block copied with streaming stores (the output is past the cache); otherwise
 // the call ends its first synchronisation and runs staged. Torch's CPU allocator puts tensors of 2 MiB
-// and more on huge pages where THP_MEM_ALLOC_ENABLE=1; numpy does for arrays of 4 MiB and more. On the
-// Intel 2-core VM (2 ranks, 2026-11-28, `ringzero bench`, RINGZERO_SINGLE_COPY=1 against 0, the staged
-// output in plain stores below 16 MiB): 256 KiB 11.5 against 20.4 us, 1 MiB 65-77 against 100-110 us,
-// 4 MiB 321-355 against 431-435 us, 16 MiB 1.75-1.92 against 1.84-1.95 ms, 64 MiB 14.3-15.5 against
-// 12.5-13.6 ms. On the AMD EPYC VM (2026-12-02, 6 alternating runs, total output): 8 MiB single copy
-// 819-1276 us against 977-1402 staged and streamed, 16 MiB 2645-3407 against 2052-3239 (median 3056
-// against 2143), so the boundary moved from 16 to 8 MiB per rank.
+// and more on huge pages where THP_MEM_ALLOC_ENABLE=1; numpy does for arrays of 4 MiB and more. The
+// single copy beat the staged form from 256 KiB to 4 MiB per rank on both 2-core VMs, by 1.3-1.8x at
+// 256 KiB, and lost from 8 MiB on the AMD EPYC VM (16 MiB on the Intel one): so the boundary is 8 MiB per
+// rank (the runs are in benchmarks/RESULTS.md, "Measurements moved out of code comments").
 // The first call that qualifies decides, on every rank together: each rank votes (no at once where
 // set_single_copy(false), RINGZERO_SINGLE_COPY=0, else yes if it could read a few bytes of every peer's
 // input), publishes the vote, and all wait and read all votes. Single copy is on for good only if every

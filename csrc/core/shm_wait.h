@@ -21,7 +21,7 @@
 //   libraries poll without bound, and 50 ms bounds what a rank burns waiting for a late peer;
 // - kYieldToPeerS (20 us) against 5 us measured mixed (faster beside a busy loop, slower beside a
 //   niced one), so it stayed.
-// The measurements (2-core VM, 2026-11-25, benchmarks/latency_under_load.py) are in
+// The measurements (2-core VM, benchmarks/latency_under_load.py) are in
 // benchmarks/RESULTS.md, "The shared-memory collectives' measurements, moved out of the code".
 #pragma once
 #include <sched.h>
