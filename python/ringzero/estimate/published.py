@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..parallel.layout import without_pipeline
 from .model import ModelShape
 from .network import Cluster, custom_cluster, parse_cluster
 from .plan import Plan, Precision
@@ -58,7 +59,7 @@ class PublishedRun:
         return self.gpus // (self.tp * self.pp)
 
     def plan(self) -> Plan:
-        strategy = self.strategy if self.pp > 1 else {"pp": "ddp", "pp+zero1": "zero1"}[self.strategy]
+        strategy = self.strategy if self.pp > 1 else without_pipeline(self.strategy)
         return Plan(strategy=strategy, world=self.gpus, pp=self.pp, tp=self.tp,
                     microbatches=self.batch // (self.dp * self.micro_batch), schedule=self.schedule,
                     virtual_stages=self.virtual_stages, recompute=self.recompute,

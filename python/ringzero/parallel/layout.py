@@ -41,6 +41,14 @@ STRATEGY_FORMS = {
 }
 """Every strategy name and its form: the one place a name is read, so nothing parses names elsewhere."""
 
+
+def without_pipeline(strategy: str) -> str:
+    """The strategy of the same form without pipeline stages (pp+zero1 -> zero1, pp -> ddp; a strategy
+    without a pipeline is itself): what a layout with pp = 1 runs."""
+    form = dataclasses.replace(STRATEGY_FORMS[strategy], pipeline=False)
+    return next(name for name, f in STRATEGY_FORMS.items() if f == form)
+
+
 STRATEGIES = tuple(name for name, form in STRATEGY_FORMS.items()
                    if not form.tensor_parallel and not form.expert_parallel)
 """Data parallel: ddp, zero1-3. Pipeline: pp (stages only), pp+zero1/2 (stages x ZeRO over replicas).
