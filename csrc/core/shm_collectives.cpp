@@ -133,86 +133,44 @@ void ShmComm::all_gather(const void* in, void* out, size_t count, DType dtype) {
   all_gather_staged(ctx, static_cast<const char*>(in), static_cast<char*>(out), count, dtype, plan);
 }
 
-// Per rank per slice: writes its own piece to shm, reads everyone's; one synchronisation per slice of
-// the largest count. The fingerprint carries the total and a hash of the counts, so ranks that
-// disagree on `counts` raise CollectiveMismatchError.
+// all_gather_v, broadcast and reduce run rooted_and_v.cpp's algorithms; here the arguments' checks, the
+// fingerprint (OpGuard) and one rank's shortcut.
 void ShmComm::all_gather_v(const void* in, void* out, const std::vector<size_t>& counts, DType dtype) {
   if (static_cast<int>(counts.size()) != nranks_)
     throw InvalidArgument("counts must have one entry per rank");
   uint64_t total = 0, hash = 1469598103934665603ULL;  // FNV-1a over the counts
-  std::vector<size_t> displ(nranks_);
   for (int q = 0; q < nranks_; ++q) {
-    displ[q] = total;
     total += counts[q];
     hash = (hash ^ counts[q]) * 1099511628211ULL;
   }
+  // The fingerprint carries the total and a hash of the counts: ranks that disagree on `counts` raise
+  // CollectiveMismatchError.
   OpGuard guard(this, CollectiveKind::AllGatherV, dtype, ReduceOp::Sum, static_cast<int32_t>(hash & 0x7fffffff), total);
-  const size_t es = dtype_size(dtype);
-  const size_t slot_elems = slot_bytes_ / es;
   if (nranks_ == 1) {
-    if (in != out) std::memcpy(out, in, counts[0] * es);
+    if (in != out) std::memcpy(out, in, counts[0] * dtype_size(dtype));
     return;
   }
-  // Slices of the largest count; each rank's piece of slice s is its own range of it.
-  const size_t max_count = *std::max_element(counts.begin(), counts.end());
-  run_slices(
-      max_count, slot_elems, kWaitAll,
-      [&](const Slice& sl) {
-        const Range my = slice_range(counts[rank_], slot_elems, sl.index);
-        std::memcpy(slot(rank_, sl.k), static_cast<const char*>(in) + my.offset * es, my.count * es);
-      },
-      no_work,
-      [&](const Slice& sl) {
-        for (int q = 0; q < nranks_; ++q) {
-          const Range r = slice_range(counts[q], slot_elems, sl.index);
-          std::memcpy(static_cast<char*>(out) + (displ[q] + r.offset) * es, slot(q, sl.k), r.count * es);
-        }
-      });
+  SliceContext ctx(*this);
+  all_gather_v_staged(ctx, static_cast<const char*>(in), static_cast<char*>(out), counts, dtype);
 }
 
-// Broadcast: root stages a slice, the others copy it out. After the first slice the non-roots wait
-// for the root alone, and the root for no one. Per non-root per slice of B bytes: reads B, writes B.
 void ShmComm::broadcast(void* buf, size_t count, DType dtype, int root) {
   if (root < 0 || root >= nranks_) throw InvalidArgument("root out of range");
   OpGuard guard(this, CollectiveKind::Broadcast, dtype, ReduceOp::Sum, root, count);
   if (nranks_ == 1) return;
-  const size_t es = dtype_size(dtype);
-  char* data = static_cast<char*>(buf);
-  run_slices(
-      count, slot_bytes_ / es, rank_ == root ? kWaitNone : root,
-      [&](const Slice& sl) {
-        if (rank_ == root) std::memcpy(slot(root, sl.k), data + sl.offset * es, sl.count * es);
-      },
-      no_work,
-      [&](const Slice& sl) {
-        if (rank_ != root) std::memcpy(data + sl.offset * es, slot(root, sl.k), sl.count * es);
-      });
+  SliceContext ctx(*this);
+  broadcast_staged(ctx, static_cast<char*>(buf), count, dtype, root);
 }
 
-// Reduce: every rank stages a slice, the root reduces them (its own input read in place) into out.
-// After the first slice only the root waits. Per root per slice of B bytes: reads n*B, writes B;
-// non-roots write B to shm.
 void ShmComm::reduce(const void* in, void* out, size_t count, DType dtype, ReduceOp op, int root) {
   if (root < 0 || root >= nranks_) throw InvalidArgument("root out of range");
   OpGuard guard(this, CollectiveKind::Reduce, dtype, op, root, count);
-  const size_t es = dtype_size(dtype);
   if (nranks_ == 1) {
-    if (in != out) std::memcpy(out, in, count * es);
+    if (in != out) std::memcpy(out, in, count * dtype_size(dtype));
     return;
   }
-  const Prepared p = prepare(op, nranks_);
-  run_slices(
-      count, slot_bytes_ / es, rank_ == root ? kWaitAll : kWaitNone,
-      [&](const Slice& sl) {
-        if (rank_ != root) stage_input(in, sl, es, false);
-      },
-      no_work,
-      [&](const Slice& sl) {
-        if (rank_ != root) return;
-        for (int q = 0; q < nranks_; ++q)
-          srcs_[q] = q == root ? static_cast<const char*>(in) + sl.offset * es : slot(q, sl.k);
-        reduce_n(static_cast<char*>(out) + sl.offset * es, srcs_.data(), nranks_, sl.count, dtype, p.op, p.divisor);
-      });
+  SliceContext ctx(*this);
+  reduce_staged(ctx, static_cast<const char*>(in), static_cast<char*>(out), count, dtype, op, root);
 }
 
 // One slice with nothing staged: the first slice's wait for every rank, with the fingerprint check.

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "select.h"
 #include "shm_comm.h"
@@ -113,5 +114,10 @@ void all_gather_staged(SliceContext& ctx, const char* input, char* output, size_
                        const CpuPlan& plan);
 void all_gather_registered(SliceContext& ctx, const ShmWindow& w, const char* in, char* out, size_t count, DType dtype,
                            CopyMode out_copy);
+
+// rooted_and_v.cpp's: the all-gather of uneven blocks, the broadcast and the reduce to a root, staged.
+void all_gather_v_staged(SliceContext& ctx, const char* in, char* out, const std::vector<size_t>& counts, DType dtype);
+void broadcast_staged(SliceContext& ctx, char* data, size_t count, DType dtype, int root);
+void reduce_staged(SliceContext& ctx, const char* in, char* out, size_t count, DType dtype, ReduceOp op, int root);
 
 }  // namespace ringzero

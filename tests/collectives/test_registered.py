@@ -169,6 +169,29 @@ def test_mismatched_registration_raises_on_every_rank():
     assert run_ranks(2, _mismatch_cases, timeout_s=120) == [True, True]
 
 
+def _mismatch_on_one_core(rank, world, rounds):
+    """Both ranks on one cpu: the rank that finds the other offset first throws and starts its next call
+    while its peer, descheduled, has still to compare the offsets (where one field held them, the peer read
+    the new offset, ran the registered all-reduce alone and the group timed out: a CI run, reproduced 5
+    times in 8 this way)."""
+    import os
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    count = (1 << 20) // 4
+    reg = ringzero.empty(count * 2, dtype=torch.float32)
+    for i in range(rounds):
+        with pytest.raises(ringzero.CollectiveMismatch, match="same part of its tensor"):
+            ringzero.all_reduce(reg[rank * 16:rank * 16 + count])
+        x = reg[:count]
+        x.fill_(rank + i)
+        ringzero.all_reduce(x)
+        assert torch.equal(x, torch.full((count,), float(2 * i + 1))), i
+    return rounds
+
+
+def test_mismatched_offsets_raise_on_every_rank_when_one_rank_runs_ahead():
+    assert run_ranks(2, _mismatch_on_one_core, 12, env={"RINGZERO_TIMEOUT_S": "30"}, timeout_s=300) == [12, 12]
+
+
 def _other_group_cases(rank, world):
     sub = dist.new_group([0, 1])
     x = ringzero.empty(1 << 18, dtype=torch.float32)  # the default group's
