@@ -62,8 +62,9 @@ def test_the_date_check_can_fail(tmp_path):
     (tmp_path / "python" / "ringzero").mkdir(parents=True)  # a copy of the tree's layout, with planted dates
     (tmp_path / "README.md").write_text("ringzero\nnumbers of Nov 2026\n")
     (tmp_path / "python" / "ringzero" / "__init__.py").write_text("X = 1  # timed on 2026-11-28\n")
-    (tmp_path / "csrc" / "core" / "b.cpp").write_text("// fine\n// measured 2026-11-28\n")
-    assert dated_lines(tmp_path) == ["README.md:2: numbers of Nov 2026", "csrc/core/b.cpp:2: // measured 2026-11-28",
+    planted = pathlib.PurePosixPath("csrc", "core", "b.cpp")  # a file of the copy, not of the repository
+    (tmp_path / planted).write_text("// fine\n// measured 2026-11-28\n")
+    assert dated_lines(tmp_path) == ["README.md:2: numbers of Nov 2026", f"{planted}:2: // measured 2026-11-28",
                                      "python/ringzero/__init__.py:1: X = 1  # timed on 2026-11-28"]
 
 
