@@ -1,6 +1,7 @@
-// The all-gather of uneven blocks, the broadcast and the reduce to a root (layer 1), as free functions over
-// the slice context; ShmComm::all_gather_v, broadcast and reduce check their arguments, fingerprint the
-// call and run them (shm_collectives.cpp). Costs per rank per slice of B bytes.
+// The all-gather of uneven blocks and the collectives with a root (broadcast, reduce, gather, scatter),
+// staged, as free functions over the slice context (layer 1); ShmComm's members of the same names check
+// their arguments, fingerprint the call and run them (shm_collectives.cpp, shm_alltoall.cpp). Costs per
+// rank per slice of B bytes.
 #include <algorithm>
 #include <cstring>
 
@@ -70,6 +71,53 @@ void reduce_staged(SliceContext& ctx, const char* in, char* out, size_t count, D
         const void** srcs = ctx.srcs();
         for (int q = 0; q < n; ++q) srcs[q] = q == root ? in + sl.offset * es : ctx.slot(q, sl.k);
         reduce_n(out + sl.offset * es, srcs, n, sl.count, dtype, p.op, p.divisor);
+      });
+}
+
+// The non-roots stage slices of their block, the root copies every slot out into its block of `out`.
+// After the first slice only the root waits. Per non-root: writes B to shm; the root reads (n-1)*B and
+// writes n*B.
+void gather_staged(SliceContext& ctx, const char* input, char* output, size_t count, DType dtype, int root) {
+  const int n = ctx.nranks(), rank = ctx.rank();
+  const size_t es = dtype_size(dtype);
+  ctx.run_slices(
+      count, ctx.slot_bytes() / es, rank == root ? SliceContext::kWaitAll : SliceContext::kWaitNone,
+      [&](const SliceContext::Slice& sl) {
+        if (rank != root) std::memcpy(ctx.slot(rank, sl.k), input + sl.offset * es, sl.count * es);
+      },
+      [&](const SliceContext::Slice& sl) {
+        if (rank == root && output + (root * count + sl.offset) * es != input + sl.offset * es)
+          std::memmove(output + (root * count + sl.offset) * es, input + sl.offset * es, sl.count * es);
+      },
+      [&](const SliceContext::Slice& sl) {
+        if (rank != root) return;
+        for (int q = 0; q < n; ++q)
+          if (q != root) std::memcpy(output + (q * count + sl.offset) * es, ctx.slot(q, sl.k), sl.count * es);
+      });
+}
+
+// The root stages the slice of every peer's block in its slot (one piece per rank), each non-root copies
+// its own piece out. After the first slice the non-roots wait for the root alone, and the root for no
+// one. Per non-root: reads B, writes B; the root writes (n-1)*B.
+void scatter_staged(SliceContext& ctx, const char* input, char* output, size_t count, DType dtype, int root) {
+  const int n = ctx.nranks(), rank = ctx.rank();
+  const size_t es = dtype_size(dtype);
+  const size_t piece_elems = std::max<size_t>(1, ctx.slot_bytes() / n / 64 * 64 / es);
+  ctx.run_slices(
+      count, piece_elems, rank == root ? SliceContext::kWaitNone : root,
+      [&](const SliceContext::Slice& sl) {
+        if (rank != root) return;
+        for (int q = 0; q < n; ++q)
+          if (q != root)
+            std::memcpy(ctx.slot(root, sl.k) + q * piece_elems * es, input + (q * count + sl.offset) * es,
+                        sl.count * es);
+      },
+      [&](const SliceContext::Slice& sl) {
+        if (rank == root && output + sl.offset * es != input + (root * count + sl.offset) * es)
+          std::memmove(output + sl.offset * es, input + (root * count + sl.offset) * es, sl.count * es);
+      },
+      [&](const SliceContext::Slice& sl) {
+        if (rank != root) std::memcpy(output + sl.offset * es, ctx.slot(root, sl.k) + rank * piece_elems * es, sl.count * es);
       });
 }
 

@@ -1,6 +1,6 @@
-// The shared-memory collectives that move blocks between pairs of ranks and reduce nothing: all-to-all
-// (even and uneven, torch's all_to_all_single), gather and scatter. Same vocabulary as
-// shm_collectives.cpp (stage, meanwhile, wait, consume); the cost comments count bytes per rank.
+// The shared-memory all-to-all (even and uneven, torch's all_to_all_single), and the entry points of gather
+// and scatter (their algorithms: rooted_and_v.cpp). Same vocabulary as shm_collectives.cpp (stage,
+// meanwhile, wait, consume); the cost comments count bytes per rank.
 //
 // [Note: the all-to-all's count table]
 // Every rank of an all-to-all knows what it sends to each peer and what it expects from each, never the
@@ -21,6 +21,7 @@
 #include "shm_placement.h"
 #include "shm_single_copy.h"
 #include "shm_slots.h"
+#include "slice_context.h"
 
 namespace ringzero {
 
@@ -197,65 +198,28 @@ void ShmComm::all_to_all_v(const void* in, void* out, const std::vector<size_t>&
   wait_all(phase_);
 }
 
-// Gather: the non-roots stage slices of their block, the root copies every slot out into its block of
-// `out`. After the first slice only the root waits. Per non-root per slice of B bytes: writes B to shm;
-// the root reads (n-1)*B and writes n*B.
+// gather and scatter run rooted_and_v.cpp's algorithms; here the checks, the fingerprint and one rank's
+// shortcut.
 void ShmComm::gather(const void* in, void* out, size_t count, DType dtype, int root) {
   if (root < 0 || root >= nranks_) throw InvalidArgument("root out of range");
   OpGuard guard(this, CollectiveKind::Gather, dtype, ReduceOp::Sum, root, count);
-  const size_t es = dtype_size(dtype);
-  const char* input = static_cast<const char*>(in);
-  char* output = static_cast<char*>(out);
   if (nranks_ == 1) {
-    if (in != out) std::memmove(out, in, count * es);
+    if (in != out) std::memmove(out, in, count * dtype_size(dtype));
     return;
   }
-  run_slices(
-      count, slot_bytes_ / es, rank_ == root ? kWaitAll : kWaitNone,
-      [&](const Slice& sl) {
-        if (rank_ != root) std::memcpy(slot(rank_, sl.k), input + sl.offset * es, sl.count * es);
-      },
-      [&](const Slice& sl) {
-        if (rank_ == root && output + (root * count + sl.offset) * es != input + sl.offset * es)
-          std::memmove(output + (root * count + sl.offset) * es, input + sl.offset * es, sl.count * es);
-      },
-      [&](const Slice& sl) {
-        if (rank_ != root) return;
-        for (int q = 0; q < nranks_; ++q)
-          if (q != root) std::memcpy(output + (q * count + sl.offset) * es, slot(q, sl.k), sl.count * es);
-      });
+  SliceContext ctx(*this);
+  gather_staged(ctx, static_cast<const char*>(in), static_cast<char*>(out), count, dtype, root);
 }
 
-// Scatter: the root stages the slice of every peer's block in its slot (one piece per rank), each
-// non-root copies its own piece out. After the first slice the non-roots wait for the root alone, and
-// the root for no one. Per non-root per slice of B bytes: reads B, writes B; the root writes (n-1)*B.
 void ShmComm::scatter(const void* in, void* out, size_t count, DType dtype, int root) {
   if (root < 0 || root >= nranks_) throw InvalidArgument("root out of range");
   OpGuard guard(this, CollectiveKind::Scatter, dtype, ReduceOp::Sum, root, count);
-  const size_t es = dtype_size(dtype);
-  const char* input = static_cast<const char*>(in);
-  char* output = static_cast<char*>(out);
   if (nranks_ == 1) {
-    if (in != out) std::memmove(out, in, count * es);
+    if (in != out) std::memmove(out, in, count * dtype_size(dtype));
     return;
   }
-  const size_t piece_elems = std::max<size_t>(1, slot_bytes_ / nranks_ / 64 * 64 / es);
-  run_slices(
-      count, piece_elems, rank_ == root ? kWaitNone : root,
-      [&](const Slice& sl) {
-        if (rank_ != root) return;
-        for (int q = 0; q < nranks_; ++q)
-          if (q != root)
-            std::memcpy(slot(root, sl.k) + q * piece_elems * es, input + (q * count + sl.offset) * es, sl.count * es);
-      },
-      [&](const Slice& sl) {
-        if (rank_ == root && output + sl.offset * es != input + (root * count + sl.offset) * es)
-          std::memmove(output + sl.offset * es, input + (root * count + sl.offset) * es, sl.count * es);
-      },
-      [&](const Slice& sl) {
-        if (rank_ != root)
-          std::memcpy(output + sl.offset * es, slot(root, sl.k) + rank_ * piece_elems * es, sl.count * es);
-      });
+  SliceContext ctx(*this);
+  scatter_staged(ctx, static_cast<const char*>(in), static_cast<char*>(out), count, dtype, root);
 }
 
 }  // namespace ringzero

@@ -115,9 +115,11 @@ void all_gather_staged(SliceContext& ctx, const char* input, char* output, size_
 void all_gather_registered(SliceContext& ctx, const ShmWindow& w, const char* in, char* out, size_t count, DType dtype,
                            CopyMode out_copy);
 
-// rooted_and_v.cpp's: the all-gather of uneven blocks, the broadcast and the reduce to a root, staged.
+// rooted_and_v.cpp's, staged: the all-gather of uneven blocks and the collectives with a root.
 void all_gather_v_staged(SliceContext& ctx, const char* in, char* out, const std::vector<size_t>& counts, DType dtype);
 void broadcast_staged(SliceContext& ctx, char* data, size_t count, DType dtype, int root);
 void reduce_staged(SliceContext& ctx, const char* in, char* out, size_t count, DType dtype, ReduceOp op, int root);
+void gather_staged(SliceContext& ctx, const char* in, char* out, size_t count, DType dtype, int root);
+void scatter_staged(SliceContext& ctx, const char* in, char* out, size_t count, DType dtype, int root);
 
 }  // namespace ringzero
