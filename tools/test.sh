@@ -34,7 +34,8 @@ phase "ctest"
 # (over 10 minutes under TSan: each of its thousands of launches makes a TSan thread per CUDA thread;
 # its kernels are the fuzz's, plus the reduction kernel, which shares nothing between threads) and so
 # the coverage check, which the plain run above makes. Two at a time: the fuzz is the longest test, the
-# others fit beside it.
+# others fit beside it, but for the missing-rank test, which times its waits and runs alone (RUN_SERIAL,
+# cmake/cpu_grid.cmake).
 cmake -S . -B build/tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRINGZERO_CUDA=OFF \
   -DCMAKE_CXX_FLAGS=-fsanitize=thread -DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread
 cmake --build build/tsan -j "${MAX_JOBS:-2}" --target cpu_grid_tests
