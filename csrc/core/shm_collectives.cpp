@@ -88,12 +88,6 @@ void ShmComm::reprobe_staging(const Slice& sl, size_t bytes, bool& stream) {
   staged_bytes_ += bytes;
 }
 
-// The first step of the all-reduces: this rank's slice of `in` into its slot.
-inline void ShmComm::stage_input(const void* in, const Slice& sl, size_t es, bool stream) {
-  (stream ? copy_streaming : copy_cached)(slot(rank_, sl.k), static_cast<const char*>(in) + sl.offset * es,
-                                          sl.count * es);
-}
-
 // The plan is the selector's: registered or staged (reduce_scatter.cpp).
 void ShmComm::reduce_scatter(const void* in, void* out, size_t count_per_rank, DType dtype, ReduceOp op) {
   CpuCall call = call_facts(CpuOp::ReduceScatter, nranks_ * count_per_rank * dtype_size(dtype));

@@ -213,7 +213,6 @@ class ShmComm {
   // which updates `stream`.
   bool stage_streaming(size_t bytes) const;
   void reprobe_staging(const Slice& sl, size_t bytes, bool& stream);
-  void stage_input(const void* in, const Slice& sl, size_t es, bool stream);
   // The facts of a call the selector plans from (select.h), this communicator's part filled in.
   CpuCall call_facts(CpuOp op, size_t bytes) const;
   // The selector's plan for `call` whose input is `in`: looks for its window where the selector says to

@@ -23,9 +23,9 @@
 // for 32 MiB, publishes the answer with its address, and all read all answers, so every rank takes the
 // same path), with the own block copied with streaming stores (the output is past the cache); otherwise
 // the call ends its first synchronisation and runs staged. Torch's CPU allocator puts tensors of 2 MiB
-// and more on huge pages where THP_MEM_ALLOC_ENABLE=1; numpy does for arrays of 4 MiB and more. The
-// single copy beat the staged form from 256 KiB to 4 MiB per rank on both 2-core VMs, by 1.3-1.8x at
-// 256 KiB, and lost from 8 MiB on the AMD EPYC VM (16 MiB on the Intel one): so the boundary is 8 MiB per
+// and more on huge pages where THP_MEM_ALLOC_ENABLE=1; numpy does for arrays of 4 MiB and more. On the
+// Intel 2-core VM the single copy beat the staged form from 256 KiB (1.8x) to 4 MiB (1.2-1.35x) per rank,
+// was even at 16 MiB and lost at 64; on the AMD EPYC VM it lost from 8 MiB: so the boundary is 8 MiB per
 // rank (the runs are in benchmarks/RESULTS.md, "Measurements moved out of code comments").
 // The first call that qualifies decides, on every rank together: each rank votes (no at once where
 // set_single_copy(false), RINGZERO_SINGLE_COPY=0, else yes if it could read a few bytes of every peer's
