@@ -172,8 +172,8 @@ def test_mismatched_registration_raises_on_every_rank():
 def _mismatch_on_one_core(rank, world, rounds):
     """Both ranks on one cpu: the rank that finds the other offset first throws and starts its next call
     while its peer, descheduled, has still to compare the offsets (where one field held them, the peer read
-    the new offset, ran the registered all-reduce alone and the group timed out: a CI run, reproduced 5
-    times in 8 this way)."""
+    the new offset, ran the registered all-reduce alone and the group timed out: a CI run; this test failed
+    3 runs of 3 on that code)."""
     import os
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     count = (1 << 20) // 4
