@@ -17,7 +17,7 @@ PY=${PYTHON:-python3}
 NCCL_ROOT=$("$PY" -c "import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])" 2>/dev/null || true)
 # The .cu files here for sm_80 alone (unless TORCH_CUDA_ARCH_LIST says otherwise): this build only
 # compiles them (no GPU); the static checks below compile the kernels for sm_80 and sm_90a, and the CUDA
-# build against a CUDA torch builds everything for both.
+# build against a CUDA torch builds everything for sm_90a.
 TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-8.0} \
   cmake -S . -B build/cpp -G Ninja -DCMAKE_BUILD_TYPE=Release ${NCCL_ROOT:+-DRINGZERO_NCCL_ROOT=$NCCL_ROOT}
 cmake --build build/cpp -j "${MAX_JOBS:-2}"
