@@ -68,7 +68,7 @@ def assert_same_training(gloo, ours):
 def test_lightning_ddp_on_ringzero_matches_gloo(tmp_path):
     require("lightning", "lightning")
     runs = {b: train("run_lightning_train.py", b, tmp_path) for b in ("gloo", "ringzero")}
-    for run in runs.values():  # the class comes back as a buffer (the ranks are spawned by Lightning)
+    for run in runs.values():  # the class comes back as a buffer (the ranks are Lightning's)
         run["backend_class"] = "RingzeroBackend" if int(run["final"]["ran_on_ringzero"]) else "ProcessGroupGloo"
     assert_same_training(runs["gloo"], runs["ringzero"])
 
