@@ -1,7 +1,9 @@
 // Layer-4 bindings of the fused Adam step and the sum-of-squares pass: hard tensor checks (Python
 // validates first with friendlier messages), the CPU thread split (at::parallel_for over chunks of
 // every tensor in the list), and the CUDA launchers when built with CUDA.
-#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <cmath>
 #include <optional>

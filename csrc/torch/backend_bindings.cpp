@@ -1,8 +1,9 @@
 // Python binding of the c10d backend: ringzero._C.RingzeroBackend, a subclass of torch's
 // torch._C._distributed_c10d.Backend, built by the creator that python/ringzero/comm/backend.py
 // registers with torch.distributed.Backend.register_backend.
+#include <ATen/core/Tensor.h>
 #include <pybind11/stl.h>
-#include <torch/extension.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include "backend.h"
 #include "core/errors.h"

@@ -7,7 +7,8 @@ namespace py = pybind11;
 
 #ifndef RINGZERO_WITH_CUDA
 
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/utils/pybind.h>
 
 void bind_cuda(py::module_& m) {
   m.attr("has_cuda") = false;
@@ -26,7 +27,8 @@ void dequantize_blocks_cuda(const at::Tensor&, const at::Tensor& out, int64_t, i
 
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <memory>
 #include <string>

@@ -1,7 +1,9 @@
 // ringzero._C: the pybind11 module (layer 4). Hard checks on tensors (Python validates first and gives
 // the friendlier message), dtype mapping, GIL release around every blocking call, and the mapping of
 // core errors to Python exceptions.
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/from_blob.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include "core/errors.h"
 #include "dtype_map.h"
@@ -212,8 +214,8 @@ PYBIND11_MODULE(_C, m) {
               w = c.create_window(bytes);
             }
             // The tensor's storage holds the window: the mapping lives while any view of it does.
-            return torch::from_blob(w->region(w->rank()), {static_cast<int64_t>(bytes)}, [w](void*) {},
-                                    torch::TensorOptions().dtype(torch::kUInt8));
+            return at::from_blob(w->region(w->rank()), {static_cast<int64_t>(bytes)}, [w](void*) {},
+                                    at::TensorOptions().dtype(at::kByte));
           },
           py::arg("bytes"),
           "Collective over the host's ranks (the same bytes on each): a uint8 tensor of `bytes` in memory every "

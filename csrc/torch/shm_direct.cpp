@@ -9,7 +9,8 @@
 // non-strided or non-contiguous tensor, an unsupported or mismatched dtype, a size that does not fit):
 // the api then takes its slow path, which explains the problem or handles the case. True: the
 // collective ran.
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/utils/pybind.h>
 #include <torch/csrc/autograd/python_variable.h>
 
 #include "core/errors.h"
