@@ -38,6 +38,14 @@ def test_torch_rows_beside_ours(tmp_path, capsys):
     assert float(row["ddp"][cols.index("tok/s x")]) == pytest.approx(
         by["ddp"]["tokens_per_s"] / by["torch-ddp"]["tokens_per_s"], abs=0.006)
     assert "pred ms" in cols and all(r["pred_step_ms"] > 0 for r in by.values())  # CPU, float32: every row
+    # The torch rows' collectives timed on their own gloo group; ringzero's rows keep the link's model.
+    assert by["ddp"]["pred_measured_comm_ms"] is None and by["zero3"]["pred_measured_comm_ms"] is None
+    assert list(by["torch-ddp"]["pred_measured_comm_ms"]) == ["gradients all-reduce"]
+    fsdp2 = by["torch-fsdp2"]["pred_measured_comm_ms"]
+    assert {"parameters all-gather, forward", "parameters all-gather, backward", "gradients reduce-scatter"} <= set(fsdp2)
+    assert all(ms > 0 for r in ("torch-ddp", "torch-fsdp2") for ms in by[r]["pred_measured_comm_ms"].values())
+    for r in by.values():  # each rank's prediction from its own core's rates; the step waits for the slower
+        assert len(r["pred_step_ms_by_rank"]) == 2 and r["pred_step_ms"] == max(r["pred_step_ms_by_rank"])
     assert (out / "compare.png").exists()
 
 

@@ -80,8 +80,52 @@ def cpu_probe_for_run(args, run: str, world: int, device: str, precision: str):
                     max(1, shape.n_head // plan.tp), shape.attention)
 
 
+TIMED_OPS = ("all_reduce", "all_gather", "reduce_scatter")
+"""The collectives timed_collectives measures on the torch rows' group (the others keep the link's model)."""
+
+
+def timed_collectives(est, group=None, repeats: int | None = None):
+    """`est` with the time of each data-parallel collective measured on `group` (None: the default group)
+    through torch.distributed, as the torch rows call it: every call of the step at its mean size
+    (nbytes / calls, float32), the median of `repeats` calls (CALIBRATION_REPEATS), each after a barrier so
+    that it is the collective's own time. The torch rows run on gloo, whose time per byte depends on the
+    op and the size (on the 2-core VM a 3 MiB all-gather took 3.3 ms and a reduce-scatter 7.6 ms, 13 MiB
+    all-reduce 12.3 ms: benchmarks/RESULTS.md), where the model's one link would charge all three alike.
+    Call it on every rank of the group at once."""
+    import dataclasses
+    import statistics
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from ..estimate.cpu_kind import CALIBRATION_REPEATS
+
+    repeats = repeats or CALIBRATION_REPEATS
+    n = dist.get_world_size(group)
+    out = []
+    for c in est.collectives:
+        if c.op not in TIMED_OPS or c.group_size != n or not c.calls:
+            out.append(c)
+            continue
+        per_rank = max(1, -(-c.nbytes // (c.calls * 4 * n)))  # float32 elements of each rank's share
+        full, shard = torch.zeros(per_rank * n), torch.zeros(per_rank)
+        call = {"all_reduce": lambda: dist.all_reduce(full, group=group),
+                "all_gather": lambda: dist.all_gather_into_tensor(full, shard, group=group),
+                "reduce_scatter": lambda: dist.reduce_scatter_tensor(shard, full, group=group)}[c.op]
+        call()  # warm: the first call of a size sets up gloo's buffers
+        seconds = []
+        for _ in range(repeats):
+            dist.barrier(group=group)
+            t0 = time.perf_counter()
+            call()
+            seconds.append(time.perf_counter() - t0)
+        out.append(dataclasses.replace(c, times_s={"measured": statistics.median(seconds) * c.calls}))
+    return dataclasses.replace(est, collectives=out)
+
+
 def predicted_step_for_run(args, run: str, world: int, device: str, precision: str, layers_per_stage=None,
-                           probe=None) -> dict:
+                           probe=None, baseline_group=None) -> dict:
     """The step-time model's prediction of this run's step ('pred_step_ms', None where not predicted, and
     'pred_note' saying why): the Estimate of this run's layout on one host's shared memory
     (estimate.cpu_kind.cpu_cluster) and a CPU kind measured in this rank: `probe` (cpu_probe_for_run, sampled
@@ -90,7 +134,9 @@ def predicted_step_for_run(args, run: str, world: int, device: str, precision: s
     as the ranks' steps did. Predicted: float32 runs on CPU of a model the estimator has a shape for
     ('pred_cpu' holds the calibrated rates); not: CUDA runs (no calibrated GPU kind here) and bf16 autocast
     on CPU (its conversions are not in the model), nor ranks on forced hosts (RINGZERO_HOST_ID: the host lab,
-whose shaped link the run does not know)."""
+whose shaped link the run does not know). A torch row's data-parallel collectives are timed on its own group
+(`baseline_group`, timed_collectives): 'pred_measured_comm_ms' holds them per step (None for ringzero's rows,
+whose collectives take the shared-memory link's model)."""
     from ..estimate import estimate
     from ..estimate.cpu_kind import CALIBRATION_REPEATS, GLOO_BYTES_PER_S, SHM_BYTES_PER_S, cpu_cluster
     from ..estimate.step_time import step_time
@@ -104,10 +150,14 @@ whose shaped link the run does not know)."""
     e = estimate(model, batch=args.batch, plan=plan, cluster=cpu_cluster(world, in_host_bytes_per_s=link))
     if e.model is None:
         return {"pred_step_ms": None, "pred_note": "not predicted: no shape for this model"}
+    measured = None
+    if run in BASELINES:  # gloo's time per call, measured on the row's own group in these minutes
+        e = timed_collectives(e, baseline_group)
+        measured = {c.what: c.times_s["measured"] * 1e3 for c in e.collectives if c.times_s and "measured" in c.times_s}
     probe = probe or cpu_probe_for_run(args, run, world, device, precision)
     while len(probe.samples) < CALIBRATION_REPEATS:
         probe.sample()
     kind = probe.kind()
-    return {"pred_step_ms": step_time(e, kind).step_s * 1e3, "pred_note": None,
+    return {"pred_step_ms": step_time(e, kind).step_s * 1e3, "pred_note": None, "pred_measured_comm_ms": measured,
             "pred_cpu": {"gemm_flops_per_s": kind.peak_flops_per_s, "gemm_half_width": kind.gemm_half_width,
                          "memory_bytes_per_s": kind.hbm_bytes_per_s, "samples": len(probe.samples)}}

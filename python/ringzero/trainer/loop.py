@@ -56,8 +56,14 @@ def train_rank(args, run: str) -> dict:
     summary.update(peak_mib_per_rank=float(table[:, 0].max()), peak_mib_by_rank=table[:, 0].tolist(),
                    rss_mib_per_rank=float(table[:, 1].max()))
     summary.update(estimate_for_run(args, run, world, strategy_run.layers_per_stage))
-    summary.update(predicted_step_for_run(args, run, world, env.device.type, env.precision,
-                                          strategy_run.layers_per_stage, probe))
+    pred = predicted_step_for_run(args, run, world, env.device.type, env.precision, strategy_run.layers_per_stage,
+                                  probe, env.baseline_group)
+    if pred["pred_step_ms"] is not None:
+        # Each rank predicts its step from the rates its own core gave; a step ends with the slower rank.
+        mine, each = torch.tensor([pred["pred_step_ms"]], dtype=torch.float64), torch.empty(world, dtype=torch.float64)
+        ringzero.all_gather_single(each, mine)
+        pred.update(pred_step_ms=float(each.max()), pred_step_ms_by_rank=each.tolist())
+    summary.update(pred)
     return summary
 
 
