@@ -5,8 +5,8 @@ numbers they are built from; and the main job (the default GPT, 2 ranks, zero1 a
 each after the metered ones, about 25 s): its median step time on the ranks' cores (the wall time less the
 slowest rank's wait for a core, which other processes on this shared machine cause) against the prediction,
 each run's CPU kind calibrated in its own ranks between its steps, within a factor of two. That catches a
-broken model or unit; issue 71's bar (within 20%) is a measurement, not a test: a timed test on this shared
-machine failed it in one run of two. docs/estimate.md has the measured table, with the rows outside the bar.
+broken model or unit; issue 71's bar (within 20%) is a measurement on a quiet machine, not a test: on this
+shared machine one round in five puts a row outside it. docs/estimate.md has the measured rounds.
 """
 import json
 
