@@ -1,5 +1,5 @@
-// The shared-memory all-to-all (even and uneven, torch's all_to_all_single), and the entry points of gather
-// and scatter (their algorithms: rooted_and_v.cpp). Same vocabulary as shm_collectives.cpp (stage,
+// The shared-memory all-to-all (even and uneven, torch's all_to_all_single): the exchange as a free function over
+// the slice context, and ShmComm's entry points of it and of gather and scatter (their algorithms: rooted_and_v.cpp). Same vocabulary as shm_collectives.cpp (stage,
 // meanwhile, wait, consume); the cost comments count bytes per rank.
 //
 // [Note: the all-to-all's count table]
@@ -64,59 +64,41 @@ bool ShmComm::vote_single_copy(const std::vector<uint64_t>& peer_addr, size_t pr
 // synchronisation so that no rank returns while a peer still reads its input.
 // Invariant: every choice (the slices, single copy) is a function of the count matrix and of votes
 // that every rank reads alike, so the ranks never take different paths.
-void ShmComm::all_to_all_v(const void* in, void* out, const std::vector<size_t>& send_counts,
+void all_to_all_v_exchange(SliceContext& ctx, const char* input, char* output, const std::vector<size_t>& send_counts,
                            const std::vector<size_t>& recv_counts, DType dtype) {
-  const int n = nranks_;
-  if (static_cast<int>(send_counts.size()) != n || static_cast<int>(recv_counts.size()) != n)
-    throw InvalidArgument("all_to_all: send_counts and recv_counts must hold one entry per rank (" +
-                          std::to_string(n) + ")");
-  OpGuard guard(this, CollectiveKind::AllToAll, dtype, ReduceOp::Sum, -1, 0);
+  const int n = ctx.nranks(), rank = ctx.rank();
   const size_t es = dtype_size(dtype);
-  const char* input = static_cast<const char*>(in);
-  char* output = static_cast<char*>(out);
   std::vector<size_t> sdispl(n + 1, 0), rdispl(n + 1, 0);
   for (int q = 0; q < n; ++q) {
     sdispl[q + 1] = sdispl[q] + send_counts[q];
     rdispl[q + 1] = rdispl[q] + recv_counts[q];
   }
-  if (n == 1) {
-    if (send_counts[0] != recv_counts[0])
-      throw CollectiveMismatchError("ringzero all_to_all on a group of one rank: it sends " +
-                                    std::to_string(send_counts[0]) + " elements to itself but expects " +
-                                    std::to_string(recv_counts[0]));
-    if (in != out) std::memmove(out, in, send_counts[0] * es);
-    return;
-  }
   const size_t hdr = a2a_header_bytes(n);
-  if (slot_bytes_ < hdr + static_cast<size_t>(n) * 64)
-    throw InvalidArgument("all_to_all: the staging slot (" + std::to_string(slot_bytes_) + " bytes) is too small for " +
-                          std::to_string(n) + " ranks; raise RINGZERO_SHM_BUFFER_BYTES to at least " +
-                          std::to_string(hdr + n * 64));
-  const size_t piece_elems = (slot_bytes_ - hdr) / n / 64 * 64 / es;  // per destination, per slice
-  auto piece = [&](int dst, uint64_t k) { return slot(rank_, k) + hdr + static_cast<size_t>(dst) * piece_elems * es; };
+  const size_t piece_elems = (ctx.slot_bytes() - hdr) / n / 64 * 64 / es;  // per destination, per slice
+  auto piece = [&](int dst, uint64_t k) { return ctx.slot(rank, k) + hdr + static_cast<size_t>(dst) * piece_elems * es; };
   auto peer_piece = [&](int src, uint64_t k) {
-    return static_cast<const char*>(slot(src, k)) + hdr + static_cast<size_t>(rank_) * piece_elems * es;
+    return static_cast<const char*>(ctx.slot(src, k)) + hdr + static_cast<size_t>(rank) * piece_elems * es;
   };
   // Rank q's header in slice k's slot: [input address, probe address, staged, send[0..n), recv[0..n)].
-  auto header_of = [&](int q, uint64_t k) { return reinterpret_cast<const uint64_t*>(slot(q, k)); };
+  auto header_of = [&](int q, uint64_t k) { return reinterpret_cast<const uint64_t*>(ctx.slot(q, k)); };
 
   // Where single copy is on for good and this rank holds a block that only single copy moves, every rank
   // reads the peers directly this call: staging the first pieces would copy them for nothing. The header
   // says so, and the readers take those blocks whole from the input.
   size_t own_largest = 0;
   for (int q = 0; q < n; ++q)
-    if (q != rank_) own_largest = std::max(own_largest, send_counts[q]);
-  const bool stage_first = a2a_stage_first(single_copy_, own_largest > piece_elems, own_largest * es);
+    if (q != rank) own_largest = std::max(own_largest, send_counts[q]);
+  const bool stage_first = a2a_stage_first(ctx.single_copy(), own_largest > piece_elems, own_largest * es);
   std::vector<char> first_staged(n, 1);
   size_t slices = 1;
   bool direct = false;
   std::vector<uint64_t> peer_input(n);
   std::vector<size_t> peer_offset(n);  // where this rank's block lies in rank q's input (elements)
   for (size_t s = 0; s < slices; ++s) {
-    const uint64_t k = begin_slice();
+    const uint64_t k = ctx.begin_slice();
     if (s == 0) {
-      auto* h = reinterpret_cast<uint64_t*>(slot(rank_, k));
-      h[0] = reinterpret_cast<uint64_t>(in);
+      auto* h = reinterpret_cast<uint64_t*>(ctx.slot(rank, k));
+      h[0] = reinterpret_cast<uint64_t>(input);
       h[1] = reinterpret_cast<uint64_t>(single_copy_probe);
       h[2] = stage_first ? 1 : 0;
       for (int q = 0; q < n; ++q) {
@@ -126,22 +108,22 @@ void ShmComm::all_to_all_v(const void* in, void* out, const std::vector<size_t>&
     }
     if (s == 0 ? stage_first : !direct)
       for (int q = 0; q < n; ++q) {  // stage: this slice's piece of every peer's block
-        if (q == rank_) continue;
+        if (q == rank) continue;
         const Range r = slice_range(send_counts[q], piece_elems, s);
         std::memcpy(piece(q, k), input + (sdispl[q] + r.offset) * es, r.count * es);
       }
-    if (s == 0) publish_fingerprint(k);
-    signal();
+    if (s == 0) ctx.publish_fingerprint(k);
+    ctx.signal();
     // The own block needs no peer; a rank whose own counts disagree raises below, with every peer. A large
     // one is written with streaming stores (the output is past the caches, as the all-gather's large blocks).
-    if (s == 0 && send_counts[rank_] == recv_counts[rank_] && output + rdispl[rank_] * es != input + sdispl[rank_] * es) {
-      const size_t own = send_counts[rank_] * es;
-      (a2a_own_copy(own) == CopyMode::Streaming ? copy_streaming : copy_cached)(output + rdispl[rank_] * es,
-                                                                               input + sdispl[rank_] * es, own);
+    if (s == 0 && send_counts[rank] == recv_counts[rank] && output + rdispl[rank] * es != input + sdispl[rank] * es) {
+      const size_t own = send_counts[rank] * es;
+      (a2a_own_copy(own) == CopyMode::Streaming ? copy_streaming : copy_cached)(output + rdispl[rank] * es,
+                                                                               input + sdispl[rank] * es, own);
     }
-    wait_all(phase_);
+    ctx.wait_all();
     if (s == 0) {
-      check_fingerprints(k);
+      ctx.check_fingerprints(k);
       // [Note: the all-to-all's count table]: the same matrix, so the same verdicts, on every rank.
       size_t largest = 0;
       for (int q = 0; q < n; ++q) {
@@ -150,11 +132,11 @@ void ShmComm::all_to_all_v(const void* in, void* out, const std::vector<size_t>&
           const uint64_t sent = hq[kA2AFixedWords + p], expected = header_of(p, k)[kA2AFixedWords + n + q];
           if (sent != expected) {
             std::ostringstream m;
-            m << "ringzero all_to_all (sequence number " << current_.seq << ") on group rank " << group_ranks_[rank_]
-              << ": the ranks' split sizes disagree: group rank " << group_ranks_[q] << " sends " << sent
-              << " elements to group rank " << group_ranks_[p] << ", which expects " << expected
+            m << "ringzero all_to_all (sequence number " << ctx.seq() << ") on group rank " << ctx.group_rank(rank)
+              << ": the ranks' split sizes disagree: group rank " << ctx.group_rank(q) << " sends " << sent
+              << " elements to group rank " << ctx.group_rank(p) << ", which expects " << expected
               << " from it (rank q's input_split_sizes[p] must equal rank p's output_split_sizes[q])";
-            end_slice(k);
+            ctx.end_slice(k);
             throw CollectiveMismatchError(m.str());
           }
           if (p != q) largest = std::max<size_t>(largest, sent);
@@ -162,40 +144,64 @@ void ShmComm::all_to_all_v(const void* in, void* out, const std::vector<size_t>&
         peer_input[q] = hq[0];
         first_staged[q] = hq[2] != 0;
         size_t off = 0;
-        for (int p = 0; p < rank_; ++p) off += hq[kA2AFixedWords + p];
+        for (int p = 0; p < rank; ++p) off += hq[kA2AFixedWords + p];
         peer_offset[q] = off;
       }
       slices = num_slices(largest, piece_elems);
-      if (a2a_single_copy(single_copy_, slices, largest * es)) {
-        if (single_copy_ == SingleCopy::Untested) {
+      if (a2a_single_copy(ctx.single_copy(), slices, largest * es)) {
+        if (ctx.single_copy() == SingleCopyVote::Untested) {
           std::vector<uint64_t> probes(n);
           for (int q = 0; q < n; ++q) probes[q] = header_of(q, k)[1];
-          vote_single_copy(probes, sizeof(single_copy_probe));
+          ctx.vote_single_copy(probes, sizeof(single_copy_probe));
         }
-        direct = single_copy_ == SingleCopy::On;
+        direct = ctx.single_copy() == SingleCopyVote::On;
       }
     }
     for (int q = 0; q < n; ++q) {  // consume: this slice's piece of every block sent to this rank
-      if (q == rank_ || !first_staged[q]) continue;  // (not staged: direct, which reads it whole below)
+      if (q == rank || !first_staged[q]) continue;  // (not staged: direct, which reads it whole below)
       const Range r = slice_range(recv_counts[q], piece_elems, s);
       std::memcpy(output + (rdispl[q] + r.offset) * es, peer_piece(q, k), r.count * es);
     }
-    end_slice(k);
+    ctx.end_slice(k);
     if (direct) break;
   }
   if (!direct) return;
-  ++single_copy_calls_;
-  const uint64_t k = begin_slice();
+  ctx.count_single_copy_call();
+  const uint64_t k = ctx.begin_slice();
   for (int i = 1; i < n; ++i) {  // peers in turn from this rank up: the ranks do not all start on one peer
-    const int q = (rank_ + i) % n;
+    const int q = (rank + i) % n;
     const size_t skip = first_staged[q] ? std::min(piece_elems, recv_counts[q]) : 0;  // elements copied above
     if (recv_counts[q] > skip)
-      read_peer(q, output + (rdispl[q] + skip) * es, peer_input[q] + (peer_offset[q] + skip) * es,
+      ctx.read_peer(q, output + (rdispl[q] + skip) * es, peer_input[q] + (peer_offset[q] + skip) * es,
                 (recv_counts[q] - skip) * es);
   }
-  end_slice(k);
-  signal();
-  wait_all(phase_);
+  ctx.end_slice(k);
+  ctx.signal();
+  ctx.wait_all();
+}
+
+void ShmComm::all_to_all_v(const void* in, void* out, const std::vector<size_t>& send_counts,
+                           const std::vector<size_t>& recv_counts, DType dtype) {
+  const int n = nranks_;
+  if (static_cast<int>(send_counts.size()) != n || static_cast<int>(recv_counts.size()) != n)
+    throw InvalidArgument("all_to_all: send_counts and recv_counts must hold one entry per rank (" +
+                          std::to_string(n) + ")");
+  OpGuard guard(this, CollectiveKind::AllToAll, dtype, ReduceOp::Sum, -1, 0);
+  if (n == 1) {
+    if (send_counts[0] != recv_counts[0])
+      throw CollectiveMismatchError("ringzero all_to_all on a group of one rank: it sends " +
+                                    std::to_string(send_counts[0]) + " elements to itself but expects " +
+                                    std::to_string(recv_counts[0]));
+    if (in != out) std::memmove(out, in, send_counts[0] * dtype_size(dtype));
+    return;
+  }
+  const size_t hdr = a2a_header_bytes(n);
+  if (slot_bytes_ < hdr + static_cast<size_t>(n) * 64)
+    throw InvalidArgument("all_to_all: the staging slot (" + std::to_string(slot_bytes_) + " bytes) is too small for " +
+                          std::to_string(n) + " ranks; raise RINGZERO_SHM_BUFFER_BYTES to at least " +
+                          std::to_string(hdr + n * 64));
+  SliceContext ctx(*this);
+  all_to_all_v_exchange(ctx, static_cast<const char*>(in), static_cast<char*>(out), send_counts, recv_counts, dtype);
 }
 
 // gather and scatter run rooted_and_v.cpp's algorithms; here the checks, the fingerprint and one rank's

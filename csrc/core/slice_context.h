@@ -67,6 +67,26 @@ class SliceContext {
   // The placement probe ([Note: where the host runs the ranks' cores]): both ranks at the same point.
   bool peer_on_other_cache(int peer) { return c_.peer_on_other_cache(peer); }
 
+  // An algorithm that runs its own slices rather than run_slices' (the all-to-all: its first slice carries
+  // a header that decides how many follow): the slot protocol's steps ([Note: the slot protocol],
+  // shm_slots.h), the call's fingerprint in slice k, and this call's sequence number and the group ranks
+  // for its messages.
+  uint64_t begin_slice() { return c_.begin_slice(); }
+  void end_slice(uint64_t k) { c_.end_slice(k); }
+  void publish_fingerprint(uint64_t k) { c_.publish_fingerprint(k); }
+  void check_fingerprints(uint64_t k) { c_.check_fingerprints(k); }
+  uint64_t seq() const { return c_.current_.seq; }
+  int group_rank(int local) const { return c_.group_ranks_[local]; }
+  // Single copy ([Note: single copy between a host's ranks], shm_single_copy.cpp): the vote so far (the same on every rank), the
+  // vote itself at the first call that could use it (every rank together), a read of local rank q's
+  // memory, and the count of calls that read directly.
+  SingleCopyVote single_copy() const { return c_.single_copy_; }
+  bool vote_single_copy(const std::vector<uint64_t>& peer_addr, size_t probe_bytes) {
+    return c_.vote_single_copy(peer_addr, probe_bytes);
+  }
+  void read_peer(int q, void* dst, uint64_t src, size_t bytes) { c_.read_peer(q, dst, src, bytes); }
+  void count_single_copy_call() { ++c_.single_copy_calls_; }
+
  private:
   ShmComm& c_;
 };
@@ -121,5 +141,10 @@ void broadcast_staged(SliceContext& ctx, char* data, size_t count, DType dtype, 
 void reduce_staged(SliceContext& ctx, const char* in, char* out, size_t count, DType dtype, ReduceOp op, int root);
 void gather_staged(SliceContext& ctx, const char* in, char* out, size_t count, DType dtype, int root);
 void scatter_staged(SliceContext& ctx, const char* in, char* out, size_t count, DType dtype, int root);
+
+// shm_alltoall.cpp's: the all-to-all of uneven blocks on two or more ranks, staged or single copy
+// ([Note: the all-to-all's count table]); ShmComm::all_to_all_v checks the arguments first.
+void all_to_all_v_exchange(SliceContext& ctx, const char* in, char* out, const std::vector<size_t>& send_counts,
+                           const std::vector<size_t>& recv_counts, DType dtype);
 
 }  // namespace ringzero
