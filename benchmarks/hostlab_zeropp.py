@@ -44,7 +44,8 @@ def run_row(lab, local: int, how: list[str], steps: int, out: str) -> tuple[dict
 
 def estimated_bytes(args, hosts: int, local: int) -> dict:
     """`ringzero estimate`'s bytes per host and step for the two zero3 rows (payload, no headers)."""
-    from ringzero.estimate.core import cross_host_bytes, estimate
+    from ringzero.estimate.communication import cross_host_bytes
+    from ringzero.estimate.core import estimate
     from ringzero.estimate.plan import Plan
     from ringzero.models import GPTConfig
 

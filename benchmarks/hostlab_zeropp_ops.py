@@ -10,7 +10,7 @@ reduce-scatter in the host and its all-to-all across hosts (every group once). E
 that kind back to back (the link stays busy as in a step with little compute); the rows take turns within
 every repeat; the time is the slowest rank's median.
 
-The estimate's rows (estimate/core.py, network.py) count ZeRO-3's units as the model's layers + 2 of equal
+The estimate's rows (estimate/communication.py, network.py) count ZeRO-3's units as the model's layers + 2 of equal
 size; the lab has the real groups (one per block, plus the root: embeddings, final norm and head). The estimate
 is told the lab's link: the rate at TCP goodput (1448/1514 of it), one NIC per host, --latency-us per step,
 and for the in-host rows --intra-gbps, which by default is calibrated from the lab's own hpz row (a float32

@@ -9,7 +9,7 @@ tests/lab/test_hostlab_training.py compare the same counts with the host lab's l
 import pytest
 
 from ringzero.estimate import Plan, estimate, main
-from ringzero.estimate.core import cross_host_bytes
+from ringzero.estimate.communication import cross_host_bytes
 from ringzero.models import GPTConfig
 
 CFG = GPTConfig(vocab_size=256, seq_len=64, n_layer=4, n_head=5, d_model=320)  # blocks 4.7 MiB, root 0.7 MiB

@@ -153,7 +153,7 @@ def test_zeropp_sends_what_the_estimate_counts(tmp_path):
     if missing:
         pytest.fail("the host lab needs " + "; ".join(missing) + " (CI has them; run the tests as root)")
     from ringzero.estimate import Plan, estimate
-    from ringzero.estimate.core import cross_host_bytes
+    from ringzero.estimate.communication import cross_host_bytes
     from ringzero.models import GPTConfig
 
     def config(model):

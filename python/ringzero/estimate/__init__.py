@@ -10,7 +10,8 @@ collective times on a cluster by an alpha-beta model, the largest model that fit
 Command line: `ringzero estimate --help` (also `python -m ringzero.estimate`).
 """
 from .cli import main
-from .core import Collective, Estimate, StageMemory, as_model, estimate, largest_model
+from .communication import Collective
+from .core import Estimate, StageMemory, as_model, estimate, largest_model
 from .gpus import GPU_KINDS, GpuKind, gpu_kind
 from .model import ACTIVATION_FORMULA, ModelShape, split_layers
 from .moe import MoE, active_params

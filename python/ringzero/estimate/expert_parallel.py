@@ -8,7 +8,7 @@ copies x d_model activations per MoE block and micro-batch (6 with full recomput
 block's forward again), the buffer being the same on every rank under uniform routing.
 
 The experts' gradients are reduced over 'edp', the dp / ep ranks holding the same experts (ZeRO shards the
-experts' state over them); the replicated parameters' rows over 'dp' are core._collectives'.
+experts' state over them); the replicated parameters' rows over 'dp' are communication.collective_rows'.
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def dispatch_rows(shape, moe_blocks: int, micro: int | None, act_bytes: int, pla
 
 def expert_gradient_rows(expert_params: int, moe_blocks: int, precision, plan) -> list:
     """The experts' rows over 'edp' for a stage holding `expert_params` expert parameters (E / ep per MoE
-    block), by ZeRO stage as core._collectives does the replicated ones: DDP all-reduces them; ZeRO-1/2
+    block), by ZeRO stage as communication.collective_rows does the replicated ones: DDP all-reduces them; ZeRO-1/2
     reduce-scatter the gradients (ZeRO-2 after every micro-batch) and all-gather the parameters; ZeRO-3
     gathers each MoE block's experts in forward and backward and reduce-scatters their gradients."""
     if plan.edp == 1 or not expert_params:

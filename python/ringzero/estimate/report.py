@@ -1,7 +1,8 @@
 """Plain-text tables of an Estimate: memory per GPU, communication per step, collective times."""
 from __future__ import annotations
 
-from .core import Estimate, cross_host_bytes, optimizer_bytes_per_param
+from .communication import cross_host_bytes
+from .core import Estimate, optimizer_bytes_per_param
 from .moe import active_params
 from .network import ALGORITHMS
 

@@ -1,6 +1,6 @@
 """How long one training step takes: the compute of every stage from the model's FLOPs and memory traffic
 (flops.py) at the GPU kind's achieved rates (gpus.py), the pipeline's bubble for its schedule, and the
-collectives of the Estimate (core.py, timed on the cluster's links by network.py) less what overlaps
+collectives of the Estimate (communication.py, timed on the cluster's links by network.py) less what overlaps
 compute, stated per term.
 
     step = m x slowest stage's micro-batch + bubble + exposed data-parallel traffic + optimizer step

@@ -1,6 +1,6 @@
 """ZeRO-3's communication rows for the estimate: the units ringzero's ZeroDataParallel gathers (a block each,
 and the root group), and their ZeRO++ forms across hosts. Rows are (what, op, group, nbytes, calls) as
-core._collectives collects them."""
+communication.collective_rows collects them."""
 from __future__ import annotations
 
 from .moe import blocks_params
