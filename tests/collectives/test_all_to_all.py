@@ -153,6 +153,16 @@ def gather_scatter_body(rank, world, doors):
                 out = torch.full((count,), -1.0)
                 scatter(out, blocks if rank == root else None, src=root, group=g)
                 assert torch.equal(out, torch.arange(count, dtype=torch.float32) + rank * 1000 + root), (door, count)
+        # Blocks of two dimensions (across hosts the root's list goes to the transport as it is, each block flat).
+        root = world - 1
+        got = [torch.full((3, 5), -1, dtype=torch.int64) for _ in range(world)] if rank == root else None
+        gather(torch.arange(15, dtype=torch.int64).view(3, 5) + rank * 100, got, dst=root, group=g)
+        if rank == root:
+            assert all(torch.equal(t, torch.arange(15).view(3, 5) + q * 100) for q, t in enumerate(got)), door
+        out = torch.full((3, 5), -1.0)
+        scatter(out, [torch.arange(15, dtype=torch.float32).view(3, 5) + q for q in range(world)] if rank == root else None,
+                src=root, group=g)
+        assert torch.equal(out, torch.arange(15, dtype=torch.float32).view(3, 5) + rank), door
     if "backend" in doors:
         stats = ringzero.backend_stats(groups["backend"])
         for op in ("alltoall_base", "alltoall", "gather", "scatter"):

@@ -319,6 +319,9 @@ def gather(tensor: torch.Tensor, gather_list=None, dst: int | None = None, group
         return None
 
     def body():
+        if outs and _takes_blocks(comm):  # straight into the caller's tensors
+            comm.gather(outs, tensor.view(-1), root)
+            return
         flat = torch.empty(tensor.numel() * comm.world if outs else 0, dtype=tensor.dtype)
         comm.gather(flat, tensor.view(-1), root)
         for o, piece in zip(outs, flat.split(tensor.numel()) if outs else ()):
@@ -338,10 +341,20 @@ def scatter(tensor: torch.Tensor, scatter_list=None, src: int | None = None, gro
         return None
 
     def body():
+        if ins and _takes_blocks(comm):  # straight from the caller's tensors
+            comm.scatter(tensor.view(-1), ins, root)
+            return
         flat = torch.cat([t.reshape(-1) for t in ins]) if ins else torch.empty(0, dtype=tensor.dtype)
         comm.scatter(tensor.view(-1), flat, root)
 
     return comm.run(body, async_op, tensor, op, tensor)
+
+
+def _takes_blocks(comm) -> bool:
+    """Whether the root's list (contiguous tensors: _root_list checks) goes to the transport as it is
+    (transports.NetworkRing.TAKES_BLOCKS: each block sent or received in place) rather than through one flat
+    copy of the whole buffer."""
+    return getattr(comm.transport, "TAKES_BLOCKS", False)
 
 
 def _rooted(op: str, tensor: torch.Tensor, tensors, arg: str, group, global_root, group_root, root_arg: str):

@@ -65,24 +65,23 @@ def all_to_all_flat(ring, out: torch.Tensor, inp: torch.Tensor, send_counts: lis
                   [(p, out[rd[p]:rd[p] + recv_counts[p]]) for p in others])
 
 
-def gather_flat(ring, out: torch.Tensor, inp: torch.Tensor, root: int, rank: int):
-    """The root receives every rank's block straight from it; only root's out is written."""
-    count = inp.numel()
+def gather_flat(ring, outs: list, inp: torch.Tensor, root: int, rank: int):
+    """The root receives every rank's block straight from it into outs[rank] (flat contiguous tensors, the
+    root's only: a flat output's views or the caller's own list, so nothing is copied after)."""
     if rank != root:
         ring.exchange([(root, inp)], [])
         return
-    out[root * count:(root + 1) * count].copy_(inp)
-    ring.exchange([], [(q, out[q * count:(q + 1) * count]) for q in range(ring.n) if q != root])
+    outs[root].copy_(inp)
+    ring.exchange([], [(q, outs[q]) for q in range(ring.n) if q != root])
 
 
-def scatter_flat(ring, out: torch.Tensor, inp: torch.Tensor, root: int, rank: int):
-    """The root sends each rank its block straight; only root's inp is read."""
-    count = out.numel()
+def scatter_flat(ring, out: torch.Tensor, ins: list, root: int, rank: int):
+    """The root sends each rank its block, ins[rank], straight (flat contiguous tensors, the root's only)."""
     if rank != root:
         ring.exchange([], [(root, out)])
         return
-    out.copy_(inp[root * count:(root + 1) * count])
-    ring.exchange([(q, inp[q * count:(q + 1) * count]) for q in range(ring.n) if q != root], [])
+    out.copy_(ins[root])
+    ring.exchange([(q, ins[q]) for q in range(ring.n) if q != root], [])
 
 
 def all_to_all_direct_across(ring, shm, hosts: list[list[int]], out: torch.Tensor, inp: torch.Tensor,
