@@ -145,6 +145,21 @@ class HostsComm {
     call("scatter", {view(out, count, dtype), view(const_cast<void*>(in), rank_ == root ? count * size_ : 0, dtype)},
          {root});
   }
+  // The root's side as its own blocks (count elements each, one per rank, received or sent in place: no
+  // copy of the whole buffer); the others call gather and scatter above. The engine gets the tensors in the
+  // same order as there, the root's blocks in place of its one buffer: a gather's outputs, then its input;
+  // a scatter's output, then its inputs.
+  void gather_blocks(const void* in, const std::vector<void*>& outs, size_t count, DType dtype, int root) {
+    std::vector<at::Tensor> ts;
+    for (void* o : outs) ts.push_back(view(o, count, dtype));
+    ts.push_back(view(const_cast<void*>(in), count, dtype));
+    call("gather", ts, {root});
+  }
+  void scatter_blocks(const std::vector<void*>& ins, void* out, size_t count, DType dtype, int root) {
+    std::vector<at::Tensor> ts{view(out, count, dtype)};
+    for (void* i : ins) ts.push_back(view(i, count, dtype));
+    call("scatter", ts, {root});
+  }
   void barrier() { call("barrier", {}, {}); }
 
  private:

@@ -151,6 +151,17 @@ at::Tensor flat_cat(const std::vector<at::Tensor>& ts) {
   return at::cat(flat);
 }
 
+// The data of the root's list of a gather or scatter across hosts, when every tensor is contiguous: the
+// engine then moves each block in place (HostsComm::gather_blocks), else one flat buffer is joined or split.
+std::optional<std::vector<void*>> block_ptrs(const std::vector<at::Tensor>& ts) {
+  std::vector<void*> ptrs;
+  for (const auto& t : ts) {
+    if (!t.is_contiguous()) return std::nullopt;
+    ptrs.push_back(t.data_ptr());
+  }
+  return ptrs;
+}
+
 void split_into(const at::Tensor& flat, const std::vector<at::Tensor>& ts) {
   int64_t off = 0;
   for (const auto& t : ts) {
@@ -552,6 +563,12 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::gather(std::vector<std::vector<a
       const Elements e = movement(input);
       at::Tensor in = input.contiguous();
       const bool is_root = c.rank() == root;
+      if constexpr (std::is_same_v<std::decay_t<decltype(c)>, HostsComm>) {
+        if (auto ptrs = is_root ? block_ptrs(outs) : std::nullopt) {
+          c.gather_blocks(in.data_ptr(), *ptrs, in.numel() * e.per_element, e.dtype, root);
+          return;
+        }
+      }
       at::Tensor flat = is_root ? at::empty({in.numel() * static_cast<int64_t>(outs.size())}, input.options())
                                 : at::empty({0}, input.options());
       c.gather(in.data_ptr(), flat.data_ptr(), in.numel() * e.per_element, e.dtype, root);
@@ -590,8 +607,15 @@ c10::intrusive_ptr<c10d::Work> RingzeroBackend::scatter(std::vector<at::Tensor>&
   return submit(output.device(), c10d::OpType::SCATTER, {output}, ins, call_opts(opts), [output, ins, root](auto& c) {
     if constexpr (kMovesBlocks<decltype(c)>) {
       const Elements e = movement(output);
-      at::Tensor in = c.rank() == root ? flat_cat(ins) : at::empty({0}, output.options());
       at::Tensor out = writable(output);
+      if constexpr (std::is_same_v<std::decay_t<decltype(c)>, HostsComm>) {
+        if (auto ptrs = c.rank() == root ? block_ptrs(ins) : std::nullopt) {
+          c.scatter_blocks(*ptrs, out.data_ptr(), out.numel() * e.per_element, e.dtype, root);
+          write_back(output, out);
+          return;
+        }
+      }
+      at::Tensor in = c.rank() == root ? flat_cat(ins) : at::empty({0}, output.options());
       c.scatter(in.data_ptr(), out.data_ptr(), out.numel() * e.per_element, e.dtype, root);
       write_back(output, out);
     }

@@ -190,9 +190,9 @@ class NetworkRing:
         ring = self.begin("all_to_all", inp[:0])
         exchange.all_to_all_flat(ring, out.view(-1), inp.view(-1), send_counts, recv_counts, self.rank)
 
-    # The root's side of gather and scatter may be one flat tensor (the backend's) or the caller's list of
-    # contiguous blocks (ringzero.gather's and scatter's, TAKES_BLOCKS): each block goes to or from its rank
-    # as it is, with no copy of the whole buffer before or after. In the host lab (2 hosts x 2 ranks, 1
+    # The root's side of gather and scatter may be one flat tensor or the caller's list of contiguous blocks
+    # (ringzero.gather's and scatter's, and the backend's through HostsComm::gather_blocks; TAKES_BLOCKS):
+    # each block goes to or from its rank as it is, with no copy of the whole buffer before or after. In the host lab (2 hosts x 2 ranks, 1
     # Gbit/s) the copies made the root's 16 MiB scatter and gather 0.8-0.9x gloo's (benchmarks/RESULTS.md).
     TAKES_BLOCKS = True
 
