@@ -136,19 +136,12 @@ def run_engine_op(t, op: str, tensors: list, args: list, call=None):
     elif op == "all_to_all":
         half = len(args) // 2
         t.all_to_all(tensors[0], tensors[1], list(args[:half]), list(args[half:]))
-    elif op == "gather":  # the output(s) first: the root's one buffer or its blocks (gather_blocks), then the input
-        outs = tensors[:-1]
-        if len(outs) == 1 or getattr(t, "TAKES_BLOCKS", False):
-            t.gather(outs[0] if len(outs) == 1 else list(outs), tensors[-1], args[0])
-        else:  # a transport that takes one flat buffer
-            flat = torch.empty(sum(o.numel() for o in outs), dtype=outs[0].dtype)
-            t.gather(flat, tensors[-1], args[0])
-            for o, piece in zip(outs, flat.split([o.numel() for o in outs])):
-                o.copy_(piece)
-    elif op == "scatter":  # the output first, then the root's one buffer or its blocks (scatter_blocks)
+    elif op == "gather":  # the root's blocks (HostsComm::gather_blocks) or one buffer, then the input
+        outs = tensors[:-1]  # the engine's transports across hosts take blocks (NetworkRing.TAKES_BLOCKS)
+        t.gather(outs[0] if len(outs) == 1 else list(outs), tensors[-1], args[0])
+    elif op == "scatter":  # the output, then the root's blocks (HostsComm::scatter_blocks) or one buffer
         ins = tensors[1:]
-        t.scatter(tensors[0], ins[0] if len(ins) == 1 else list(ins) if getattr(t, "TAKES_BLOCKS", False)
-                  else torch.cat(ins), args[0])
+        t.scatter(tensors[0], ins[0] if len(ins) == 1 else list(ins), args[0])
     else:
         raise ValueError(f"ringzero backend engine: unknown op {op!r}")
 

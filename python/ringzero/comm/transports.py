@@ -192,17 +192,18 @@ class NetworkRing:
 
     # The root's side of gather and scatter may be one flat tensor or the caller's list of contiguous blocks
     # (ringzero.gather's and scatter's, and the backend's through HostsComm::gather_blocks; TAKES_BLOCKS):
-    # each block goes to or from its rank as it is, with no copy of the whole buffer before or after. In the host lab (2 hosts x 2 ranks, 1
-    # Gbit/s) the copies made the root's 16 MiB scatter and gather 0.8-0.9x gloo's (benchmarks/RESULTS.md).
+    # each block goes to or from its rank as it is, with no copy of the whole buffer before or after. In the
+    # host lab (2 hosts x 2 ranks, 1 Gbit/s) the copies made the root's 16 MiB scatter and gather 0.8-0.9x
+    # gloo's (benchmarks/RESULTS.md).
     TAKES_BLOCKS = True
 
     def gather(self, out, inp: torch.Tensor, root: int):
-        exchange.gather_flat(self.begin("gather", inp, root=root), _blocks(out, inp.numel(), self.world), inp.view(-1), root,
-                             self.rank)
+        blocks = _blocks(out, inp.numel(), self.world)
+        exchange.gather_flat(self.begin("gather", inp, root=root), blocks, inp.view(-1), root, self.rank)
 
     def scatter(self, out: torch.Tensor, inp, root: int):
-        exchange.scatter_flat(self.begin("scatter", out, root=root), out.view(-1), _blocks(inp, out.numel(), self.world), root,
-                              self.rank)
+        blocks = _blocks(inp, out.numel(), self.world)
+        exchange.scatter_flat(self.begin("scatter", out, root=root), out.view(-1), blocks, root, self.rank)
 
     def barrier(self):
         self.begin("barrier", torch.empty(0, dtype=torch.uint8)).barrier()
